@@ -1,0 +1,1 @@
+"""ceph layer; see docs/ARCHITECTURE.md."""

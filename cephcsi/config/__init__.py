@@ -1,0 +1,1 @@
+"""config layer; see docs/ARCHITECTURE.md."""

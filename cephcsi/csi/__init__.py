@@ -1,0 +1,1 @@
+"""csi layer; see docs/ARCHITECTURE.md."""

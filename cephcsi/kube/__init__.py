@@ -1,0 +1,1 @@
+"""kube layer; see docs/ARCHITECTURE.md."""

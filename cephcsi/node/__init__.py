@@ -1,0 +1,1 @@
+"""node layer; see docs/ARCHITECTURE.md."""

@@ -1,0 +1,1 @@
+"""observability layer; see docs/ARCHITECTURE.md."""

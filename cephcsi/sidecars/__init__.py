@@ -1,0 +1,1 @@
+"""sidecars layer; see docs/ARCHITECTURE.md."""

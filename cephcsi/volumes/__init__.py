@@ -1,0 +1,1 @@
+"""volumes layer; see docs/ARCHITECTURE.md."""

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One set-up command for a fresh Debian bookworm machine (root): Debian packages, Go tools,
+# the Python venv with cephcsi installed editable, and the real test peers (Ceph packages,
+# csi-sanity, a Go-built etcd + kube-apiserver + kube-controller-manager cached outside the repo).
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CSI_SANITY_VERSION="${CSI_SANITY_VERSION:-v5.4.0}"
+VENV="${VENV:-.venv}"
+
+# Kept in one place so the Dockerfile installs exactly the same runtime packages.
+source scripts/packages.sh
+
+log() { printf '[setup] %s\n' "$*"; }
+
+missing=()
+for pkg in "${RUNTIME_DEB_PACKAGES[@]}" "${TEST_DEB_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  log "apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Debian's rados/rbd bindings are built for CPython 3.11; PyPI has none.
+PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+"$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' \
+  || { echo "cephcsi needs Python 3.11 (Debian's rados/rbd bindings are built for it)" >&2; exit 1; }
+if [[ ! -x "$VENV/bin/python" ]]; then
+  log "creating $VENV"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+fi
+# Only the two binding modules are linked in, not all of Debian's dist-packages.
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
+for mod in rados rbd; do
+  so=$(ls /usr/lib/python3/dist-packages/$mod.cpython-311-*.so)
+  ln -sf "$so" "$site/$(basename "$so")"
+done
+log "installing cephcsi (editable) and test dependencies"
+"$VENV/bin/pip" install -q -e '.[test]'
+"$VENV/bin/python" -c 'import rados, rbd, cephcsi._generated.csi_pb2'
+
+export GOTOOLCHAIN=local
+GOBIN="$(go env GOPATH)/bin"
+if ! "$GOBIN/csi-sanity" --version 2>/dev/null | grep -q "$CSI_SANITY_VERSION"; then
+  log "go install csi-sanity@$CSI_SANITY_VERSION"
+  go install "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$CSI_SANITY_VERSION"
+fi
+
+log "building the test control plane (cached after the first run)"
+tests/controlplane/build.sh >/dev/null
+log "done"

@@ -1,0 +1,1 @@
+"""Fixtures for the real Ceph test cluster."""

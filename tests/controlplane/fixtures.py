@@ -1,0 +1,1 @@
+"""Fixtures for the real Kubernetes control plane (filled by the kube machinery work)."""
