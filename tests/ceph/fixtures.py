@@ -1,1 +1,112 @@
-"""Fixtures for the real Ceph test cluster."""
+"""pytest fixtures for the real one-node Ceph cluster started by tests/ceph/cluster.sh."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).with_name("cluster.sh")
+CLUSTER_ID = "test-cluster"
+
+
+@dataclass
+class CephTestCluster:
+    directory: str
+    conf: str
+    mon_host: str
+    pool: str
+    user: str
+    key: str
+    admin_key: str
+    cluster_id: str = CLUSTER_ID
+
+    @property
+    def secrets(self) -> dict[str, str]:
+        return {"userID": self.user, "userKey": self.key}
+
+    @property
+    def parameters(self) -> dict[str, str]:
+        return {"clusterID": self.cluster_id, "pool": self.pool}
+
+    def write_config(self, path: str | os.PathLike[str], cluster_id: str | None = None) -> str:
+        """A ceph-csi style config.json naming this cluster."""
+        doc = [{"clusterID": cluster_id or self.cluster_id, "monitors": [self.mon_host], "rbd": {"radosNamespace": ""}}]
+        pathlib.Path(path).write_text(json.dumps(doc))
+        return str(path)
+
+    def admin(self, *args: str, timeout: float = 60) -> str:
+        """Run a ceph/rbd CLI command as client.admin (tests only)."""
+        tool, rest = args[0], args[1:]
+        out = subprocess.run(
+            [tool, "-c", self.conf, *rest], check=True, capture_output=True, text=True, timeout=timeout
+        )
+        return out.stdout
+
+    def images(self) -> list[str]:
+        return sorted(json.loads(self.admin("rbd", "ls", "-p", self.pool, "--format", "json") or "[]"))
+
+    def trash(self) -> list[dict[str, str]]:
+        return json.loads(self.admin("rbd", "trash", "ls", "-p", self.pool, "--format", "json") or "[]")
+
+    def omap(self, obj: str) -> dict[str, str]:
+        try:
+            out = self.admin("rados", "-p", self.pool, "listomapvals", obj, "--format", "json")
+        except subprocess.CalledProcessError:
+            return {}
+        doc = json.loads(out or "{}")
+        return {k: v.get("value", "") if isinstance(v, dict) else v for k, v in doc.items()} if isinstance(doc, dict) else {}
+
+    def objects(self) -> list[str]:
+        return sorted(self.admin("rados", "-p", self.pool, "ls").split())
+
+    def stop_mon(self) -> None:
+        subprocess.run([str(SCRIPT), "stop-mon", self.directory], check=True, timeout=60)
+
+    def start_mon(self) -> None:
+        subprocess.run([str(SCRIPT), "start-mon", self.directory], check=True, timeout=60)
+
+
+def start_cluster(directory: str) -> CephTestCluster:
+    env_path = subprocess.run(
+        [str(SCRIPT), "start", directory], check=True, capture_output=True, text=True, timeout=300
+    ).stdout.strip().splitlines()[-1]
+    env: dict[str, str] = {}
+    for line in pathlib.Path(env_path).read_text().splitlines():
+        key, _, value = line.partition("=")
+        env[key] = value
+    return CephTestCluster(
+        directory=env["CEPH_DIR"],
+        conf=env["CEPH_CONF"],
+        mon_host=env["CEPH_MON_V2"],
+        pool=env["CEPH_POOL"],
+        user=env["CEPH_CSI_USER"],
+        key=env["CEPH_CSI_KEY"],
+        admin_key=env["CEPH_ADMIN_KEY"],
+    )
+
+
+def stop_cluster(directory: str) -> None:
+    subprocess.run([str(SCRIPT), "stop", directory], check=False, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def ceph_cluster() -> Iterator[CephTestCluster]:
+    # Short path: unix socket names under it must stay below 107 bytes.
+    directory = tempfile.mkdtemp(prefix="cc-", dir="/tmp")
+    try:
+        cluster = start_cluster(directory)
+    except subprocess.CalledProcessError as error:
+        stop_cluster(directory)
+        pytest.fail(f"could not start the Ceph test cluster: {error.stderr}")
+    try:
+        yield cluster
+    finally:
+        stop_cluster(directory)
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,3 @@
+from cephcsi.cli.main import main
+
+raise SystemExit(main())

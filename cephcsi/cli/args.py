@@ -1,0 +1,185 @@
+"""Command line → Settings. Flag names follow ceph-csi and the kubernetes-csi sidecars."""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from cephcsi import __version__
+from cephcsi.settings import CephSettings, NodeSettings, Settings, SidecarSettings
+
+MODES = ("controller", "node", "all")
+CONTROLLER_LOOPS = ("provisioner", "attacher")
+NODE_LOOPS = ("registrar",)
+MOUNTERS = ("auto", "krbd", "rbd-nbd", "fuse")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line a person can act on, not the usage dump.
+        self.exit(2, f"cephcsi: error: {message} (see cephcsi --help)\n")
+
+
+def _positive(kind: type) -> object:
+    def parse(text: str) -> object:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _duration(text: str) -> float:
+    """Seconds as a number or Go-style `15s`, `2m`, `1h`, `500ms` (the sidecars' flag format)."""
+    units = (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0))
+    for suffix, scale in units:
+        if text.endswith(suffix) and text[: -len(suffix)].replace(".", "", 1).isdigit():
+            return float(text[: -len(suffix)]) * scale
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 10s, 2m or 1.5") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
+
+
+def _bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="cephcsi", description="Ceph RBD CSI driver with the CSI sidecars embedded.")
+    p.add_argument("--version", action="version", version=f"cephcsi {__version__}")
+    g = p.add_argument_group("driver")
+    g.add_argument("--mode", choices=MODES, required=True, help="controller: Identity+Controller (+provisioner, attacher); node: Identity+Node (+registrar); all: everything")
+    g.add_argument("--endpoint", default="unix:///csi/csi.sock", help="CSI socket (default %(default)s)")
+    g.add_argument("--controllerendpoint", default="", help="serve the Controller service on this second socket instead")
+    g.add_argument("--drivername", default="rbd.csi.ceph.com", help="CSI driver name (default %(default)s)")
+    g.add_argument("--nodeid", default="", help="this node's name; required with --mode=node/all")
+    g.add_argument("--instanceid", default="default", help="journal instance id (default %(default)s)")
+    g.add_argument("--config-file", default="/etc/ceph-csi-config/config.json", help="cluster list, ceph-csi format")
+    g.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    g.add_argument("--log-json", type=_bool, nargs="?", const=True, default=False, help="log JSON lines")
+    g.add_argument("--grpc-workers", type=_positive(int), default=32, help="concurrent CSI calls")
+    g.add_argument("--slow-call-threshold", type=_duration, default=10.0, help="warn about calls slower than this")
+    g.add_argument("--shutdown-grace", type=_duration, default=10.0, help="time in-flight calls get on SIGTERM")
+
+    c = p.add_argument_group("ceph")
+    c.add_argument("--rados-osd-op-timeout", type=_duration, default=30.0)
+    c.add_argument("--rados-mon-op-timeout", type=_duration, default=30.0)
+    c.add_argument("--client-mount-timeout", type=_duration, default=10.0)
+
+    n = p.add_argument_group("node")
+    n.add_argument("--kubelet-dir", default="/var/lib/kubelet", help="staging/target paths must be under it ('' disables)")
+    n.add_argument("--state-dir", default="/var/lib/cephcsi", help="driver state on the host")
+    n.add_argument("--mounter", choices=MOUNTERS, default="auto", help="default mapper (StorageClass 'mounter' overrides)")
+    n.add_argument("--domainlabels", default="", help="comma-separated node labels forming the topology")
+    n.add_argument("--max-volumes-per-node", type=int, default=0)
+    n.add_argument("--device-timeout", type=_duration, default=30.0)
+    n.add_argument("--kubelet-registration-path", default="", help="CSI socket path as the kubelet sees it")
+
+    s = p.add_argument_group("embedded sidecars")
+    s.add_argument("--sidecars", default="", help="comma list of loops to run, or 'none' (default: provisioner,attacher in controller mode, registrar in node mode)")
+    s.add_argument("--kubeconfig", default="", help="kubeconfig path (default: in-cluster config)")
+    s.add_argument("--leader-election", type=_bool, nargs="?", const=True, default=True)
+    s.add_argument("--leader-election-namespace", default="")
+    s.add_argument("--leader-election-lease-duration", type=_duration, default=15.0)
+    s.add_argument("--leader-election-renew-deadline", type=_duration, default=10.0)
+    s.add_argument("--leader-election-retry-period", type=_duration, default=2.0)
+    s.add_argument("--worker-threads", type=_positive(int), default=100)
+    s.add_argument("--timeout", type=_duration, default=60.0, help="deadline of one provisioner CSI call")
+    s.add_argument("--retry-interval-start", type=_duration, default=1.0)
+    s.add_argument("--retry-interval-max", type=_duration, default=300.0)
+    s.add_argument("--kube-api-qps", type=_positive(float), default=50.0)
+    s.add_argument("--kube-api-burst", type=_positive(int), default=100)
+    s.add_argument("--http-endpoint", default="", help="host:port for /healthz, /readyz, /metrics")
+    s.add_argument("--extra-create-metadata", type=_bool, nargs="?", const=True, default=False)
+    s.add_argument("--default-fstype", default="ext4")
+    return p
+
+
+def _loops(text: str, mode: str, parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    allowed = {"controller": CONTROLLER_LOOPS, "node": NODE_LOOPS, "all": CONTROLLER_LOOPS + NODE_LOOPS}[mode]
+    if text == "none":
+        return ()
+    if not text:
+        return allowed
+    chosen = tuple(item.strip() for item in text.split(",") if item.strip())
+    unknown = [item for item in chosen if item not in allowed]
+    if unknown:
+        parser.error(f"--sidecars: {', '.join(unknown)} cannot run in --mode={mode} (choose from {', '.join(allowed)} or none)")
+    return chosen
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> Settings:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.mode in ("node", "all") and not a.nodeid:
+        parser.error(f"--nodeid is required with --mode={a.mode}")
+    if a.leader_election_renew_deadline >= a.leader_election_lease_duration:
+        parser.error("--leader-election-renew-deadline must be shorter than --leader-election-lease-duration")
+    if a.leader_election_retry_period >= a.leader_election_renew_deadline:
+        parser.error("--leader-election-retry-period must be shorter than --leader-election-renew-deadline")
+    return Settings(
+        mode=a.mode,
+        endpoint=a.endpoint,
+        controller_endpoint=a.controllerendpoint,
+        driver_name=a.drivername,
+        instance_id=a.instanceid,
+        config_file=a.config_file,
+        log_level=a.log_level,
+        log_json=a.log_json,
+        grpc_workers=a.grpc_workers,
+        slow_call_seconds=a.slow_call_threshold,
+        shutdown_grace=a.shutdown_grace,
+        ceph=CephSettings(
+            osd_op_timeout=a.rados_osd_op_timeout,
+            mon_op_timeout=a.rados_mon_op_timeout,
+            mount_timeout=a.client_mount_timeout,
+        ),
+        node=NodeSettings(
+            node_id=a.nodeid,
+            kubelet_dir=a.kubelet_dir,
+            state_dir=a.state_dir,
+            mounter=a.mounter,
+            domain_labels=tuple(x.strip() for x in a.domainlabels.split(",") if x.strip()),
+            max_volumes_per_node=a.max_volumes_per_node,
+            device_timeout=a.device_timeout,
+        ),
+        sidecars=SidecarSettings(
+            enabled=_loops(a.sidecars, a.mode, parser),
+            kubeconfig=a.kubeconfig,
+            leader_election=a.leader_election,
+            leader_election_namespace=a.leader_election_namespace,
+            lease_duration=a.leader_election_lease_duration,
+            renew_deadline=a.leader_election_renew_deadline,
+            retry_period=a.leader_election_retry_period,
+            worker_threads=a.worker_threads,
+            timeout=a.timeout,
+            retry_interval_start=a.retry_interval_start,
+            retry_interval_max=a.retry_interval_max,
+            kube_api_qps=a.kube_api_qps,
+            kube_api_burst=a.kube_api_burst,
+            http_endpoint=a.http_endpoint,
+            extra_create_metadata=a.extra_create_metadata,
+            default_fstype=a.default_fstype,
+            kubelet_registration_path=a.kubelet_registration_path,
+        ),
+    )
+
+
+def fail(message: str) -> NoReturn:
+    sys.stderr.write(f"cephcsi: error: {message}\n")
+    raise SystemExit(1)

@@ -1,0 +1,30 @@
+"""Prometheus metrics of the CSI surface and the Ceph calls behind it.
+
+Names follow the kubernetes-csi sidecars where one exists, so dashboards built for them work.
+Metric objects are module-level because prometheus_client registries are process-wide.
+"""
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+CSI_OPERATIONS = Histogram(
+    "csi_sidecar_operations_seconds",
+    "Duration of CSI operations served by the driver, by method and resulting gRPC code.",
+    ["driver_name", "method_name", "grpc_status_code"],
+    buckets=_LATENCY_BUCKETS,
+)
+
+CEPH_CALLS = Histogram(
+    "cephcsi_ceph_call_seconds",
+    "Duration of calls into librados/librbd, by operation and outcome.",
+    ["operation", "outcome"],
+    buckets=_LATENCY_BUCKETS,
+)
+
+SLOW_CALLS = Counter(
+    "cephcsi_slow_operations_total",
+    "CSI operations that took longer than the slow-call threshold.",
+    ["method_name"],
+)

@@ -1,0 +1,97 @@
+"""Typed settings of one cephcsi process, built from the command line by cephcsi.cli.args.
+
+Defaults match the kubernetes-csi sidecars and ceph-csi where users know them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class CephSettings:
+    """Bounds on every Ceph call, so a stuck cluster yields an error instead of a hung RPC."""
+
+    osd_op_timeout: float = 30.0
+    """rados_osd_op_timeout: seconds an OSD operation may take."""
+    mon_op_timeout: float = 30.0
+    """rados_mon_op_timeout: seconds a monitor command may take."""
+    mount_timeout: float = 10.0
+    """client_mount_timeout: seconds to connect and authenticate to the monitors."""
+    connection_idle_seconds: float = 600.0
+    """A cached connection unused this long is shut down."""
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    node_id: str = ""
+    """This node's name (Kubernetes Node name); required in node mode."""
+    kubelet_dir: str = "/var/lib/kubelet"
+    """Staging and target paths must lie under it (empty: no prefix check)."""
+    state_dir: str = "/var/lib/cephcsi"
+    """Driver-private state on the host (userspace-mapper mounts); must survive restarts."""
+    mounter: str = "auto"
+    """Default mapper: auto | krbd | rbd-nbd | fuse (the userspace rbd-fuse + loop mapper)."""
+    domain_labels: tuple[str, ...] = ()
+    """Node labels that make up the topology domain (enables VOLUME_ACCESSIBILITY_CONSTRAINTS)."""
+    max_volumes_per_node: int = 0
+    """Reported in NodeGetInfo; 0 means no limit."""
+    device_timeout: float = 30.0
+    """Seconds to wait for a mapped device node to appear."""
+    command_timeout: float = 120.0
+    """Upper bound for one external command (rbd map, mkfs, mount...)."""
+
+
+@dataclass(frozen=True)
+class SidecarSettings:
+    enabled: tuple[str, ...] = ("provisioner", "attacher")
+    """Loops to run in controller mode (`--sidecars`); registrar in node mode."""
+    kubeconfig: str = ""
+    """Path to a kubeconfig; empty means in-cluster config."""
+    leader_election: bool = True
+    leader_election_namespace: str = ""
+    """Namespace of the Lease; empty means the pod's own namespace."""
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    worker_threads: int = 100
+    timeout: float = 60.0
+    """Deadline for one CreateVolume/DeleteVolume issued by the provisioner."""
+    retry_interval_start: float = 1.0
+    retry_interval_max: float = 300.0
+    kube_api_qps: float = 50.0
+    kube_api_burst: int = 100
+    http_endpoint: str = ""
+    """host:port for /healthz, /readyz and /metrics; empty disables the HTTP server."""
+    extra_create_metadata: bool = False
+    default_fstype: str = "ext4"
+    kubelet_registration_path: str = ""
+    """CSI socket path as the kubelet sees it (registrar); default derives from --kubelet-dir."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    mode: str
+    """controller | node | all."""
+    endpoint: str = "unix:///csi/csi.sock"
+    controller_endpoint: str = ""
+    """Optional second socket for the Controller service (then `endpoint` serves Identity+Node)."""
+    driver_name: str = "rbd.csi.ceph.com"
+    instance_id: str = "default"
+    """Journal instance: drivers sharing a pool with different ids keep separate name spaces."""
+    config_file: str = "/etc/ceph-csi-config/config.json"
+    log_level: str = "info"
+    log_json: bool = False
+    grpc_workers: int = 32
+    slow_call_seconds: float = 10.0
+    shutdown_grace: float = 10.0
+    ceph: CephSettings = field(default_factory=CephSettings)
+    node: NodeSettings = field(default_factory=NodeSettings)
+    sidecars: SidecarSettings = field(default_factory=SidecarSettings)
+
+    @property
+    def serves_controller(self) -> bool:
+        return self.mode in ("controller", "all")
+
+    @property
+    def serves_node(self) -> bool:
+        return self.mode in ("node", "all")

@@ -1,0 +1,488 @@
+"""Start and stop a real etcd + kube-apiserver (+ optional kube-controller-manager) on loopback.
+
+Used by the pytest fixtures (tests/controlplane/fixtures.py), by the benchmarks and by the
+hand-run script (`python -m tests.controlplane.run`). Everything lives in one work directory:
+etcd data, the apiserver's self-signed serving certificate, the service-account key pair, the
+static token file, the admin kubeconfig and one log file per process.
+
+Design notes and limits:
+- Ports are picked by binding port 0 and closing the socket, so two runs on one machine do not
+  collide; the small window in which another process could take the port is covered by retrying
+  the whole start with fresh ports.
+- The apiserver is restarted on the same port (clients keep their URL); its serving certificate
+  survives because --cert-dir is kept.
+- Children get PR_SET_PDEATHSIG(SIGKILL) when started from the main thread, so a test process
+  that dies hard does not leave an apiserver behind. (The death signal follows the *thread* that
+  forked, so it is not set for starts from other threads; stop() covers the normal path.)
+- Non-admin identities: `service_account_client` uses a real TokenRequest token (exactly what a
+  pod would present); `impersonating_client` uses admin impersonation, which the RBAC authorizer
+  evaluates exactly as if that user had authenticated (handy for token-file-like users without
+  restarting the apiserver to re-read tokens.csv).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Callable, Sequence
+
+import kubernetes.client
+import kubernetes.config
+
+log = logging.getLogger(__name__)
+
+BUILD_SCRIPT = Path(__file__).with_name("build.sh")
+ADMIN_USER = "admin"
+SERVICE_CIDR = "10.0.0.0/24"
+_PR_SET_PDEATHSIG = 1
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not be built, started or reached."""
+
+
+@dataclass(frozen=True)
+class ControlPlaneSettings:
+    """How to start the control plane."""
+
+    bin_dir: Path | None = None
+    """Folder with etcd, kube-apiserver, kube-controller-manager; None → run build.sh (cached)."""
+    work_dir: Path | None = None
+    """Where data, keys, certs and logs go; None → a fresh temporary folder removed on stop()."""
+    start_timeout: float = 90.0
+    """Seconds to wait for etcd health and apiserver /readyz."""
+    extra_apiserver_args: tuple[str, ...] = ()
+    """Appended to the kube-apiserver command line."""
+    watch_cache_sizes: str = ""
+    """--watch-cache-sizes value (e.g. "podtemplates#0" sends that resource's watches to etcd)."""
+
+
+def binaries_dir(timeout: float = 3600.0) -> Path:
+    """Run build.sh (a no-op once built; it takes a flock) and return the bin folder it prints."""
+    proc = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if proc.returncode != 0:
+        raise ControlPlaneError(f"{BUILD_SCRIPT} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    if not lines:
+        raise ControlPlaneError(f"{BUILD_SCRIPT} printed no bin folder")
+    return Path(lines[-1].strip())
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _set_pdeathsig() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@dataclass
+class _Proc:
+    """One child process and its log file."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+    log_file: IO[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_file = open(self.log_path, "ab")
+        preexec = _set_pdeathsig if threading.current_thread() is threading.main_thread() else None
+        self.popen = subprocess.Popen(  # noqa: S603 - argv built from our own paths
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=preexec,
+        )
+        log.info("started %s", self.name, extra={"pid": self.popen.pid, "log": str(self.log_path)})
+
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self, graceful: bool = True, timeout: float = 20.0) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("%s ignored SIGTERM; killing", self.name)
+                self.popen.kill()
+                self.popen.wait(timeout=10)
+        if self.log_file is not None:
+            self.log_file.close()
+            self.log_file = None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+@dataclass
+class ControlPlane:
+    """A running etcd + kube-apiserver; see the module docstring."""
+
+    settings: ControlPlaneSettings
+    bin_dir: Path
+    work_dir: Path
+    owns_work_dir: bool
+    etcd_port: int = 0
+    etcd_peer_port: int = 0
+    apiserver_port: int = 0
+    admin_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    _etcd: _Proc | None = None
+    _apiserver: _Proc | None = None
+    _kcm: _Proc | None = None
+
+    # ---- addresses and credentials -------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The apiserver URL (https://127.0.0.1:PORT)."""
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def etcd_url(self) -> str:
+        """The etcd client URL (plain http on loopback)."""
+        return f"http://127.0.0.1:{self.etcd_port}"
+
+    @property
+    def ca_file(self) -> Path:
+        """The apiserver's self-signed serving certificate bundle (use as CA)."""
+        return self.work_dir / "pki" / "apiserver.crt"
+
+    @property
+    def token(self) -> str:
+        """The admin bearer token (group system:masters)."""
+        return self.admin_token
+
+    @property
+    def kubeconfig(self) -> Path:
+        """An admin kubeconfig for this control plane."""
+        return self.work_dir / "admin.kubeconfig"
+
+    @property
+    def sa_key(self) -> Path:
+        """The service-account signing key (private)."""
+        return self.work_dir / "sa.key"
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start etcd and the apiserver on fresh ports; retry with new ports if one was taken."""
+        self._prepare_files()
+        last: Exception | None = None
+        for _attempt in range(3):
+            self.etcd_port, self.etcd_peer_port, self.apiserver_port = free_port(), free_port(), free_port()
+            try:
+                self._start_etcd()
+                self.start_apiserver()
+                self._write_kubeconfig()
+                return
+            except ControlPlaneError as exc:
+                last = exc
+                log.warning("control plane start failed, retrying with new ports: %s", exc)
+                self.stop_processes()
+                shutil.rmtree(self.work_dir / "etcd", ignore_errors=True)
+        raise ControlPlaneError(f"control plane did not start: {last}")
+
+    def stop_processes(self) -> None:
+        """Stop kcm, apiserver and etcd (in that order); safe to call twice."""
+        for proc in (self._kcm, self._apiserver, self._etcd):
+            if proc is not None:
+                proc.stop(graceful=False, timeout=10)
+
+    def stop(self) -> None:
+        """Stop every process and remove the work folder if we created it."""
+        self.stop_processes()
+        if self.owns_work_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def __enter__(self) -> ControlPlane:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- apiserver ----------------------------------------------------------------------------
+
+    def start_apiserver(self) -> None:
+        """Start (or start again) kube-apiserver on its port and wait for /readyz."""
+        if self._apiserver is not None and self._apiserver.running():
+            return
+        argv = [
+            str(self.bin_dir / "kube-apiserver"),
+            f"--etcd-servers={self.etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.apiserver_port}",
+            f"--cert-dir={self.work_dir / 'pki'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={self.work_dir / 'sa.pub'}",
+            f"--service-account-signing-key-file={self.sa_key}",
+            f"--token-auth-file={self.work_dir / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            "--disable-admission-plugins=ServiceAccount",
+            "--allow-privileged=true",
+            "--endpoint-reconciler-type=none",
+            # Tests restart the apiserver; do not let it wait for long-running requests.
+            "--shutdown-delay-duration=0s",
+            "--v=1",
+        ]
+        if self.settings.watch_cache_sizes:
+            argv.append(f"--watch-cache-sizes={self.settings.watch_cache_sizes}")
+        argv.extend(self.settings.extra_apiserver_args)
+        self._apiserver = _Proc("kube-apiserver", argv, self.work_dir / "kube-apiserver.log")
+        self._apiserver.start()
+        self._wait_ready(self._apiserver)
+
+    def stop_apiserver(self, graceful: bool = True) -> None:
+        """Stop kube-apiserver (SIGTERM, or SIGKILL when graceful=False); etcd keeps running."""
+        if self._apiserver is not None:
+            self._apiserver.stop(graceful=graceful)
+
+    def restart_apiserver(self, graceful: bool = True) -> None:
+        """Stop and start kube-apiserver on the same port."""
+        self.stop_apiserver(graceful=graceful)
+        self.start_apiserver()
+
+    def apiserver_running(self) -> bool:
+        """True while the kube-apiserver process is alive."""
+        return self._apiserver is not None and self._apiserver.running()
+
+    # ---- kube-controller-manager ----------------------------------------------------------------
+
+    def start_controller_manager(self, controllers: Sequence[str]) -> None:
+        """(Re)start kube-controller-manager with exactly these --controllers."""
+        self.stop_controller_manager()
+        argv = [
+            str(self.bin_dir / "kube-controller-manager"),
+            f"--kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            "--secure-port=0",
+            f"--controllers={','.join(controllers)}",
+            f"--service-account-private-key-file={self.sa_key}",
+            f"--root-ca-file={self.ca_file}",
+            "--v=1",
+        ]
+        self._kcm = _Proc("kube-controller-manager", argv, self.work_dir / "kube-controller-manager.log")
+        self._kcm.start()
+        time.sleep(0.5)
+        if not self._kcm.running():
+            raise ControlPlaneError(f"kube-controller-manager exited at once:\n{self._kcm.log_tail()}")
+
+    def stop_controller_manager(self) -> None:
+        """Stop kube-controller-manager if it runs."""
+        if self._kcm is not None:
+            self._kcm.stop()
+            self._kcm = None
+
+    # ---- etcd ----------------------------------------------------------------------------------
+
+    def etcd_revision(self) -> int:
+        """The current etcd revision (the newest resourceVersion of any object)."""
+        reply = self._etcd_call("/v3/maintenance/status", {})
+        return int(reply["header"]["revision"])
+
+    def compact_etcd(self) -> int:
+        """Compact etcd to its current revision (physically), so any older resourceVersion
+        given to a watch that reaches etcd gets 410 Gone. Returns the revision."""
+        revision = self.etcd_revision()
+        self._etcd_call("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+        return revision
+
+    # ---- clients ----------------------------------------------------------------------------------
+
+    def configuration(self, token: str | None = None) -> kubernetes.client.Configuration:
+        """A client Configuration for this apiserver with the given bearer token (admin by default)."""
+        cfg = kubernetes.client.Configuration()
+        cfg.host = self.url
+        cfg.ssl_ca_cert = str(self.ca_file)
+        cfg.verify_ssl = True
+        cfg.api_key = {"authorization": token or self.admin_token}
+        cfg.api_key_prefix = {"authorization": "Bearer"}
+        return cfg
+
+    def api_client(self) -> kubernetes.client.ApiClient:
+        """A new admin ApiClient (system:masters)."""
+        return kubernetes.client.ApiClient(self.configuration())
+
+    def impersonating_client(self, user: str, groups: Sequence[str] = ()) -> kubernetes.client.ApiClient:
+        """An ApiClient whose requests are authorized exactly as `user` in `groups` (RBAC applies)."""
+        client = kubernetes.client.ApiClient(self.configuration())
+        client.set_default_header("Impersonate-User", user)
+        # The client sends one header per value only through default_headers of distinct names,
+        # so several groups are not expressible here; one group covers the project's needs.
+        if len(groups) > 1:
+            raise ValueError("impersonating_client supports at most one group")
+        for group in groups:
+            client.set_default_header("Impersonate-Group", group)
+        return client
+
+    def service_account_token(self, namespace: str, name: str, expiration_seconds: int = 3600) -> str:
+        """A bound token for ServiceAccount namespace/name via the TokenRequest API; the
+        ServiceAccount (and the namespace) are created if missing."""
+        with self.api_client() as admin:
+            core = kubernetes.client.CoreV1Api(admin)
+            _create_ignoring_conflict(lambda: core.create_namespace({"metadata": {"name": namespace}}))
+            _create_ignoring_conflict(
+                lambda: core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+            )
+            request = {"spec": {"audiences": [], "expirationSeconds": expiration_seconds}}
+            reply = core.create_namespaced_service_account_token(name, namespace, request)
+            return str(reply.status.token)
+
+    def service_account_client(self, namespace: str, name: str) -> kubernetes.client.ApiClient:
+        """An ApiClient authenticated as ServiceAccount namespace/name (created if missing)."""
+        return kubernetes.client.ApiClient(self.configuration(self.service_account_token(namespace, name)))
+
+    def write_kubeconfig(self, path: Path, token: str | None = None) -> Path:
+        """Write a kubeconfig for this apiserver with the given token (admin by default)."""
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "test", "cluster": {
+                "server": self.url, "certificate-authority": str(self.ca_file)}}],
+            "users": [{"name": "user", "user": {"token": token or self.admin_token}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "user"}}],
+            "current-context": "test",
+        }
+        path.write_text(json.dumps(cfg, indent=2))
+        path.chmod(0o600)
+        return path
+
+    # ---- internals ----------------------------------------------------------------------------------
+
+    def _prepare_files(self) -> None:
+        (self.work_dir / "pki").mkdir(parents=True, exist_ok=True)
+        if not self.sa_key.exists():
+            subprocess.run(["openssl", "genrsa", "-out", str(self.sa_key), "2048"],
+                           check=True, capture_output=True)
+            subprocess.run(["openssl", "rsa", "-in", str(self.sa_key), "-pubout",
+                            "-out", str(self.work_dir / "sa.pub")], check=True, capture_output=True)
+            self.sa_key.chmod(0o600)
+        tokens = self.work_dir / "tokens.csv"
+        tokens.write_text(f'{self.admin_token},{ADMIN_USER},admin-uid,"system:masters"\n')
+        tokens.chmod(0o600)
+
+    def _write_kubeconfig(self) -> None:
+        self.write_kubeconfig(self.kubeconfig)
+
+    def _start_etcd(self) -> None:
+        data = self.work_dir / "etcd"
+        peer = f"http://127.0.0.1:{self.etcd_peer_port}"
+        argv = [
+            str(self.bin_dir / "etcd"),
+            f"--data-dir={data}",
+            f"--listen-client-urls={self.etcd_url}",
+            f"--advertise-client-urls={self.etcd_url}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=default={peer}",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ]
+        self._etcd = _Proc("etcd", argv, self.work_dir / "etcd.log")
+        self._etcd.start()
+        deadline = time.monotonic() + self.settings.start_timeout
+        while time.monotonic() < deadline:
+            if not self._etcd.running():
+                raise ControlPlaneError(f"etcd exited:\n{self._etcd.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2) as reply:
+                    if json.load(reply).get("health") == "true":
+                        return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.1)
+        raise ControlPlaneError(f"etcd not healthy in {self.settings.start_timeout}s:\n{self._etcd.log_tail()}")
+
+    def _wait_ready(self, proc: _Proc) -> None:
+        deadline = time.monotonic() + self.settings.start_timeout
+        while time.monotonic() < deadline:
+            if not proc.running():
+                raise ControlPlaneError(f"kube-apiserver exited:\n{proc.log_tail()}")
+            if self.ca_file.exists() and self._readyz():
+                return
+            time.sleep(0.2)
+        raise ControlPlaneError(f"kube-apiserver not ready in {self.settings.start_timeout}s:\n{proc.log_tail()}")
+
+    def _readyz(self) -> bool:
+        try:
+            context = ssl.create_default_context(cafile=str(self.ca_file))
+            request = urllib.request.Request(
+                f"{self.url}/readyz", headers={"Authorization": f"Bearer {self.admin_token}"}
+            )
+            with urllib.request.urlopen(request, timeout=2, context=context) as reply:
+                return bool(reply.status == 200)
+        except (OSError, ssl.SSLError, urllib.error.URLError):
+            return False
+
+    def _etcd_call(self, path: str, body: dict[str, object]) -> dict[str, object]:
+        request = urllib.request.Request(
+            f"{self.etcd_url}{path}", data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"}, method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            result: dict[str, object] = json.load(reply)
+            return result
+
+
+def _create_ignoring_conflict(create: Callable[[], object]) -> None:
+    try:
+        create()
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def start_control_plane(settings: ControlPlaneSettings | None = None) -> ControlPlane:
+    """Build (if needed) and start a control plane; the caller must call .stop() (or use `with`)."""
+    settings = settings or ControlPlaneSettings()
+    bin_dir = settings.bin_dir or binaries_dir()
+    if settings.work_dir is None:
+        work_dir, owns = Path(tempfile.mkdtemp(prefix="cephcsi-cp-")), True
+    else:
+        work_dir, owns = settings.work_dir, False
+        work_dir.mkdir(parents=True, exist_ok=True)
+    plane = ControlPlane(settings=settings, bin_dir=bin_dir, work_dir=work_dir, owns_work_dir=owns)
+    try:
+        plane.start()
+    except BaseException:
+        plane.stop()
+        raise
+    return plane
+
+
+__all__ = [
+    "ControlPlane",
+    "ControlPlaneError",
+    "ControlPlaneSettings",
+    "binaries_dir",
+    "free_port",
+    "start_control_plane",
+]
