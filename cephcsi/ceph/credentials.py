@@ -6,6 +6,8 @@ removed as soon as the command has read it.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import os
 import tempfile
@@ -35,14 +37,33 @@ class Credentials:
             )
         if user_id.startswith("client."):
             user_id = user_id[len("client."):]
-        if any(c.isspace() for c in user_id) or any(c.isspace() or c in "[]=" for c in key):
-            raise InvalidArgument("secrets userID/userKey contain whitespace or invalid characters")
+        if not user_id or any(c.isspace() or c in "/[]" for c in user_id):
+            raise InvalidArgument("secrets userID is not a valid cephx user name")
+        if not is_cephx_key(key):
+            # librados prints a key it cannot decode to stderr, so a malformed key must never
+            # reach it; the message does not echo the key either.
+            raise InvalidArgument(
+                "secrets userKey is not a cephx key (expected the base64 'key' value of "
+                "`ceph auth get client.<user>`, 40 characters starting with AQ)"
+            )
         return cls(user_id, key)
 
     @property
     def fingerprint(self) -> str:
         """Distinguishes keys (for connection caching after a key rotation) without revealing them."""
         return hashlib.sha256(f"{self.user_id}\0{self.key}".encode()).hexdigest()[:16]
+
+
+def is_cephx_key(key: str) -> bool:
+    """A cephx secret is base64 of: type (2 bytes), creation time (8), length (2), secret."""
+    try:
+        raw = base64.b64decode(key, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    if len(raw) < 12:
+        return False
+    secret_length = int.from_bytes(raw[10:12], "little")
+    return secret_length > 0 and len(raw) == 12 + secret_length
 
 
 @contextmanager

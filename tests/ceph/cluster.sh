@@ -6,6 +6,8 @@
 #   tests/ceph/cluster.sh start DIR [POOL]   # prints DIR/cluster.env (shell-sourceable)
 #   tests/ceph/cluster.sh stop DIR
 #   tests/ceph/cluster.sh stop-mon DIR | start-mon DIR   # outage tests
+#   tests/ceph/cluster.sh freeze DIR | thaw DIR           # SIGSTOP/SIGCONT every daemon: an
+#       unresponsive cluster that comes back with its data (memstore loses data on restart)
 #
 # DIR must be short (unix socket paths are limited to 107 bytes).
 set -euo pipefail
@@ -155,5 +157,10 @@ case "$cmd" in
   stop) stop ;;
   stop-mon) stop_pidfile "$dir/run/mon.a.pid" ;;
   start-mon) ceph-mon -c "$dir/ceph.conf" -i a ;;
+  freeze|thaw)
+    sig=STOP; [[ $cmd == thaw ]] && sig=CONT
+    for name in mon.a mgr.x osd.0; do
+      [[ -f $dir/run/$name.pid ]] && kill -s "$sig" "$(cat "$dir/run/$name.pid")" 2>/dev/null || true
+    done ;;
   *) echo "unknown command $cmd" >&2; exit 2 ;;
 esac

@@ -72,6 +72,13 @@ class CephTestCluster:
     def start_mon(self) -> None:
         subprocess.run([str(SCRIPT), "start-mon", self.directory], check=True, timeout=60)
 
+    def freeze(self) -> None:
+        """Make every daemon stop answering (SIGSTOP); `thaw` resumes them with data intact."""
+        subprocess.run([str(SCRIPT), "freeze", self.directory], check=True, timeout=60)
+
+    def thaw(self) -> None:
+        subprocess.run([str(SCRIPT), "thaw", self.directory], check=True, timeout=60)
+
 
 def start_cluster(directory: str) -> CephTestCluster:
     env_path = subprocess.run(

@@ -1,0 +1,99 @@
+"""Atomic omap primitives on one RADOS object (the journal's building blocks).
+
+Each function is one RADOS operation, so it either happens completely or not at all; the
+conditional ones use omap_cmp so that two writers (say, two controller replicas during a
+leader hand-over) cannot both win.
+"""
+from __future__ import annotations
+
+import errno
+
+import rados
+
+from cephcsi.ceph.errors import ceph_call, error_number
+
+
+def read(io: rados.Ioctx, obj: str, keys: tuple[str, ...] | None = None) -> dict[str, str] | None:
+    """The object's omap (all of it, or just `keys`), or None when the object does not exist."""
+    with ceph_call("read omap", f"object {obj!r}"):
+        try:
+            with rados.ReadOpCtx() as op:
+                if keys is None:
+                    items, _ = io.get_omap_vals(op, "", "", -1)
+                else:
+                    items, _ = io.get_omap_vals_by_keys(op, keys)
+                io.operate_read_op(op, obj)
+                return {key: value.decode() for key, value in items}
+        except rados.ObjectNotFound:
+            return None
+
+
+def set_if_absent(io: rados.Ioctx, obj: str, key: str, value: str) -> bool:
+    """Create the object if needed and set key=value only if the key is absent.
+
+    True when we set it; False when the key already existed (someone else won).
+    """
+    with ceph_call("reserve omap key", f"object {obj!r}"):
+        with rados.WriteOpCtx() as op:
+            op.new(rados.LIBRADOS_CREATE_IDEMPOTENT)
+            # A missing key compares equal to the empty value.
+            op.omap_cmp(key, "", rados.LIBRADOS_CMPXATTR_OP_EQ)
+            io.set_omap(op, (key,), (value.encode(),))
+            try:
+                io.operate_write_op(op, obj)
+                return True
+            except rados.Error as error:
+                if error_number(error) == errno.ECANCELED:
+                    return False
+                raise
+
+
+def create_exclusive(io: rados.Ioctx, obj: str, values: dict[str, str]) -> bool:
+    """Create the object with this omap; False (and no change) if it already exists."""
+    with ceph_call("create omap object", f"object {obj!r}"):
+        with rados.WriteOpCtx() as op:
+            op.new(rados.LIBRADOS_CREATE_EXCLUSIVE)
+            io.set_omap(op, tuple(values), tuple(v.encode() for v in values.values()))
+            try:
+                io.operate_write_op(op, obj)
+                return True
+            except rados.ObjectExists:
+                return False
+
+
+def update(io: rados.Ioctx, obj: str, values: dict[str, str]) -> None:
+    """Set keys on an existing object (fails with NotFound if it is gone)."""
+    with ceph_call("update omap", f"object {obj!r}"):
+        with rados.WriteOpCtx() as op:
+            io.set_omap(op, tuple(values), tuple(v.encode() for v in values.values()))
+            # A plain write op would create a missing object; comparing a key that is never set
+            # fails with ENOENT on a missing object instead (the bindings have no assert_exists).
+            op.omap_cmp("cephcsi.never-set", "", rados.LIBRADOS_CMPXATTR_OP_EQ)
+            io.operate_write_op(op, obj)
+
+
+def remove_if_equal(io: rados.Ioctx, obj: str, key: str, expected: str) -> bool:
+    """Remove key only while it still holds `expected`; True if removed or already absent."""
+    with ceph_call("release omap key", f"object {obj!r}"):
+        with rados.WriteOpCtx() as op:
+            op.omap_cmp(key, expected, rados.LIBRADOS_CMPXATTR_OP_EQ)
+            io.remove_omap_keys(op, (key,))
+            try:
+                io.operate_write_op(op, obj)
+                return True
+            except rados.ObjectNotFound:
+                return True
+            except rados.Error as error:
+                if error_number(error) == errno.ECANCELED:
+                    current = (read(io, obj, (key,)) or {}).get(key)
+                    return current is None
+                raise
+
+
+def remove_object(io: rados.Ioctx, obj: str) -> None:
+    """Delete the object; already gone counts as done."""
+    with ceph_call("remove object", f"object {obj!r}"):
+        try:
+            io.remove_object(obj)
+        except rados.ObjectNotFound:
+            pass

@@ -1,0 +1,99 @@
+"""CSI Controller service: protobuf in, VolumeManager calls, protobuf out."""
+from __future__ import annotations
+
+from cephcsi._generated import csi_pb2, csi_pb2_grpc
+from cephcsi.ceph.connection import ConnectionCache
+from cephcsi.ceph.credentials import Credentials
+from cephcsi.config.clusters import ClusterRegistry
+from cephcsi.csi.capabilities import check_well_formed, require_supported, unsupported_reason
+from cephcsi.csi.rpc import ServicerBase, rpc
+from cephcsi.errors import InvalidArgument
+from cephcsi.settings import Settings
+from cephcsi.volumes.capacity import choose_size
+from cephcsi.volumes.manager import CreateRequest, VolumeManager
+from cephcsi.volumes.parameters import VolumeParameters
+
+_RPC = csi_pb2.ControllerServiceCapability.RPC
+CAPABILITIES = (_RPC.CREATE_DELETE_VOLUME, _RPC.SINGLE_NODE_MULTI_WRITER)
+MAX_NAME_LENGTH = 255
+
+
+class ControllerServicer(ServicerBase, csi_pb2_grpc.ControllerServicer):
+    service_name = "Controller"
+
+    def __init__(self, volumes: VolumeManager, driver_name: str, slow_call_seconds: float = 10.0) -> None:
+        self.volumes = volumes
+        self.driver_name = driver_name
+        self.slow_call_seconds = slow_call_seconds
+
+    @classmethod
+    def from_settings(cls, settings: Settings, clusters: ClusterRegistry) -> ControllerServicer:
+        manager = VolumeManager(clusters, ConnectionCache(settings.ceph), settings.instance_id)
+        return cls(manager, settings.driver_name, settings.slow_call_seconds)
+
+    @rpc
+    def CreateVolume(self, request: csi_pb2.CreateVolumeRequest, context: object) -> csi_pb2.CreateVolumeResponse:
+        if not request.name:
+            raise InvalidArgument("name is required (the CO's unique name for the volume, e.g. pvc-<uid>)")
+        if len(request.name) > MAX_NAME_LENGTH:
+            raise InvalidArgument(f"name is longer than {MAX_NAME_LENGTH} characters")
+        require_supported(request.volume_capabilities)
+        if request.HasField("volume_content_source"):
+            raise InvalidArgument("volume_content_source (snapshot or clone source) is not supported yet")
+        params = VolumeParameters.parse(request.parameters)
+        required, limit = request.capacity_range.required_bytes, request.capacity_range.limit_bytes
+        size = choose_size(required, limit)
+        volume = self.volumes.create(
+            CreateRequest(
+                name=request.name,
+                parameters=params,
+                size=size,
+                required_bytes=required,
+                limit_bytes=limit,
+                credentials=Credentials.from_secrets(request.secrets),
+            )
+        )
+        return csi_pb2.CreateVolumeResponse(
+            volume=csi_pb2.Volume(
+                volume_id=volume.volume_id.encode(), capacity_bytes=volume.size, volume_context=volume.context
+            )
+        )
+
+    @rpc
+    def DeleteVolume(self, request: csi_pb2.DeleteVolumeRequest, context: object) -> csi_pb2.DeleteVolumeResponse:
+        if not request.volume_id:
+            raise InvalidArgument("volume_id is required")
+        self.volumes.delete(request.volume_id, request.secrets)
+        return csi_pb2.DeleteVolumeResponse()
+
+    @rpc
+    def ValidateVolumeCapabilities(
+        self, request: csi_pb2.ValidateVolumeCapabilitiesRequest, context: object
+    ) -> csi_pb2.ValidateVolumeCapabilitiesResponse:
+        if not request.volume_id:
+            raise InvalidArgument("volume_id is required")
+        if not request.volume_capabilities:
+            raise InvalidArgument("volume_capabilities must name at least one capability")
+        for index, capability in enumerate(request.volume_capabilities):
+            check_well_formed(capability, f"volume_capabilities[{index}]")
+        self.volumes.locate(request.volume_id, Credentials.from_secrets(request.secrets))
+        for capability in request.volume_capabilities:
+            reason = unsupported_reason(capability)
+            if reason:
+                return csi_pb2.ValidateVolumeCapabilitiesResponse(message=reason)
+        return csi_pb2.ValidateVolumeCapabilitiesResponse(
+            confirmed=csi_pb2.ValidateVolumeCapabilitiesResponse.Confirmed(
+                volume_context=request.volume_context,
+                volume_capabilities=request.volume_capabilities,
+                parameters=request.parameters,
+                mutable_parameters=request.mutable_parameters,
+            )
+        )
+
+    @rpc
+    def ControllerGetCapabilities(
+        self, request: csi_pb2.ControllerGetCapabilitiesRequest, context: object
+    ) -> csi_pb2.ControllerGetCapabilitiesResponse:
+        return csi_pb2.ControllerGetCapabilitiesResponse(
+            capabilities=[csi_pb2.ControllerServiceCapability(rpc=_RPC(type=t)) for t in CAPABILITIES]
+        )

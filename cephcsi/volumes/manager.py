@@ -1,0 +1,160 @@
+"""Create and delete RBD volumes, idempotently and crash-safely, on top of the journal.
+
+This is the controller's storage logic with no gRPC in it; cephcsi.csi.controller translates
+requests to these calls, and the embedded provisioner reaches them through that servicer.
+Per-name and per-id locks stop two calls in this process from racing; the journal's atomic
+reservation stops two processes from doing so.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import rados
+
+from cephcsi.ceph import images
+from cephcsi.ceph.connection import ConnectionCache, Session
+from cephcsi.ceph.credentials import Credentials
+from cephcsi.config.clusters import ClusterRegistry
+from cephcsi.errors import AlreadyExists, Internal, NotFound
+from cephcsi.observability.logging import fields
+from cephcsi.volumes import failpoints
+from cephcsi.volumes.capacity import fits
+from cephcsi.volumes.journal import VOLUMES, Journal, Record
+from cephcsi.volumes.locks import KeyLocks
+from cephcsi.volumes.parameters import VolumeParameters
+from cephcsi.volumes.volume_id import MalformedId, VolumeId
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    name: str
+    parameters: VolumeParameters
+    size: int
+    """Bytes to allocate for a new image (already rounded)."""
+    required_bytes: int
+    limit_bytes: int
+    credentials: Credentials
+
+
+@dataclass(frozen=True)
+class Volume:
+    volume_id: VolumeId
+    size: int
+    image_name: str
+    context: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Located:
+    """A volume found from its id: where it lives and its journal record."""
+
+    volume_id: VolumeId
+    pool: str
+    record: Record
+
+
+class VolumeManager:
+    def __init__(self, clusters: ClusterRegistry, connections: ConnectionCache, instance_id: str) -> None:
+        self.clusters = clusters
+        self.connections = connections
+        self.instance_id = instance_id
+        self.name_locks = KeyLocks("volume name")
+        self.id_locks = KeyLocks("volume")
+
+    def create(self, request: CreateRequest) -> Volume:
+        params = request.parameters
+        cluster = self.clusters.get(params.cluster_id)
+        with self.name_locks.hold(request.name), self.connections.session(cluster, request.credentials) as session:
+            with session.ioctx(params.pool) as io:
+                pool_id = io.get_pool_id()
+                journal = Journal(io, self.instance_id, VOLUMES)
+                uuid = journal.lookup(request.name) or journal.reserve(request.name, VolumeId.new_uuid())
+                failpoints.reach("create.after-reserve")
+                record = journal.ensure_record(uuid, request.name, f"{params.name_prefix}{uuid}")
+                failpoints.reach("create.after-record")
+                info = images.stat(io, record.image_name)
+                if info is None:
+                    log.info("creating image", extra=fields(image=record.image_name, pool=params.pool, bytes=request.size))
+                    images.create(io, record.image_name, request.size, params.features, params.data_pool)
+                    failpoints.reach("create.after-image")
+                    info = images.stat(io, record.image_name)
+                    if info is None:
+                        raise Internal(f"image {record.image_name!r} vanished right after it was created; retry")
+                elif not fits(info.size, request.required_bytes, request.limit_bytes):
+                    raise AlreadyExists(
+                        f"volume {request.name!r} already exists with {info.size} bytes, which does not fit the "
+                        f"requested range [{request.required_bytes}, {request.limit_bytes or 'unbounded'}]"
+                    )
+                if record.image_id != info.image_id:
+                    journal.set_image_id(uuid, info.image_id)
+                volume_id = VolumeId(params.cluster_id, pool_id, uuid)
+                return Volume(
+                    volume_id=volume_id,
+                    size=info.size,
+                    image_name=record.image_name,
+                    context=params.volume_context(record.image_name, cluster.rados_namespace),
+                )
+
+    def delete(self, volume_id_text: str, secrets: Mapping[str, str]) -> None:
+        """Delete the volume; a volume (or pool) that is already gone counts as deleted.
+
+        Takes the raw secrets: an id this driver never issued is deleted (a no-op) even
+        without credentials, as the CSI spec asks."""
+        try:
+            volume_id = VolumeId.decode(volume_id_text)
+        except MalformedId as error:
+            log.info("delete of an id this driver never issued; nothing to do", extra=fields(volume_id=volume_id_text, why=str(error)))
+            return
+        credentials = Credentials.from_secrets(secrets)
+        cluster = self.clusters.get(volume_id.cluster_id)
+        with self.id_locks.hold(volume_id_text), self.connections.session(cluster, credentials) as session:
+            pool = session.pool_name(volume_id.pool_id)
+            if pool is None:
+                log.info("pool of the volume is gone; nothing to delete", extra=fields(volume_id=volume_id_text))
+                return
+            with session.ioctx(pool) as io:
+                journal = Journal(io, self.instance_id, VOLUMES)
+                record = journal.read(volume_id.object_uuid)
+                if record is None:
+                    log.info("no journal record; volume already deleted", extra=fields(volume_id=volume_id_text))
+                    return
+                self._remove_image(session, io, pool, record)
+                failpoints.reach("delete.after-image")
+                journal.release_name(record.name, record.uuid)
+                failpoints.reach("delete.after-release")
+                journal.remove_record(record.uuid)
+                log.info("volume deleted", extra=fields(volume_id=volume_id_text, image=record.image_name))
+
+    def _remove_image(self, session: Session, io: rados.Ioctx, pool: str, record: Record) -> None:
+        """Trash the image, then purge it. A retry after a crash between the two finds the
+        image in the trash by its journaled id and purges it, so nothing is leaked."""
+        info = images.stat(io, record.image_name)
+        image_id = record.image_id or (info.image_id if info else "")
+        if info is not None:
+            images.move_to_trash(io, record.image_name)
+            failpoints.reach("delete.after-trash")
+        elif not (image_id and images.trash_contains(io, image_id)):
+            return
+        images.purge_from_trash(session, io, pool, image_id)
+
+    def locate(self, volume_id_text: str, credentials: Credentials) -> tuple[Located, images.ImageInfo]:
+        """The volume and its image, or NotFound (also for ids this driver never issued)."""
+        try:
+            volume_id = VolumeId.decode(volume_id_text)
+        except MalformedId:
+            raise NotFound(f"volume {volume_id_text!r} does not exist (not an id issued by this driver)") from None
+        cluster = self.clusters.get(volume_id.cluster_id)
+        with self.connections.session(cluster, credentials) as session:
+            pool = session.pool_name(volume_id.pool_id)
+            if pool is None:
+                raise NotFound(f"volume {volume_id_text!r} does not exist (its pool is gone)")
+            with session.ioctx(pool) as io:
+                record = Journal(io, self.instance_id, VOLUMES).read(volume_id.object_uuid)
+                info = images.stat(io, record.image_name) if record else None
+                if record is None or info is None:
+                    raise NotFound(f"volume {volume_id_text!r} does not exist")
+                return Located(volume_id, pool, record), info
