@@ -55,16 +55,37 @@ class CephTestCluster:
     def trash(self) -> list[dict[str, str]]:
         return json.loads(self.admin("rbd", "trash", "ls", "-p", self.pool, "--format", "json") or "[]")
 
+    def _admin_ioctx(self):  # type: ignore[no-untyped-def]
+        import rados
+
+        client = rados.Rados(rados_id="admin", conf={"mon_host": self.mon_host, "key": self.admin_key})
+        client.connect(timeout=30)
+        return client, client.open_ioctx(self.pool)
+
     def omap(self, obj: str) -> dict[str, str]:
+        """The object's omap as admin sees it ({} when the object does not exist)."""
+        import rados
+
+        client, io = self._admin_ioctx()
         try:
-            out = self.admin("rados", "-p", self.pool, "listomapvals", obj, "--format", "json")
-        except subprocess.CalledProcessError:
-            return {}
-        doc = json.loads(out or "{}")
-        return {k: v.get("value", "") if isinstance(v, dict) else v for k, v in doc.items()} if isinstance(doc, dict) else {}
+            with rados.ReadOpCtx() as op:
+                items, _ = io.get_omap_vals(op, "", "", -1)
+                try:
+                    io.operate_read_op(op, obj)
+                except rados.ObjectNotFound:
+                    return {}
+                return {k: v.decode() for k, v in items}
+        finally:
+            io.close()
+            client.shutdown()
 
     def objects(self) -> list[str]:
-        return sorted(self.admin("rados", "-p", self.pool, "ls").split())
+        client, io = self._admin_ioctx()
+        try:
+            return sorted(o.key for o in io.list_objects())
+        finally:
+            io.close()
+            client.shutdown()
 
     def stop_mon(self) -> None:
         subprocess.run([str(SCRIPT), "stop-mon", self.directory], check=True, timeout=60)

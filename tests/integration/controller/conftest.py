@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+
+import pytest
+
+from tests.ceph.fixtures import CephTestCluster
+from tests.integration.driver import DriverProcess
+
+
+@pytest.fixture(scope="module")
+def config_file(ceph_cluster: CephTestCluster, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return ceph_cluster.write_config(tmp_path_factory.mktemp("cfg") / "config.json")
+
+
+@pytest.fixture(scope="module")
+def driver(config_file: str) -> Iterator[DriverProcess]:
+    process = DriverProcess(config_file, mode="controller",
+                            args=["--rados-osd-op-timeout=5", "--rados-mon-op-timeout=5", "--client-mount-timeout=5"])
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        shutil.rmtree(process.workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def fresh_driver(config_file: str) -> Iterator[callable]:
+    """Factory for drivers a test may kill; all are stopped afterwards."""
+    started: list[DriverProcess] = []
+
+    def make(env: dict[str, str] | None = None) -> DriverProcess:
+        process = DriverProcess(config_file, mode="controller", env=env or {})
+        started.append(process)
+        return process.start()
+
+    yield make
+    for process in started:
+        process.stop()
+        if os.path.isdir(process.workdir):
+            shutil.rmtree(process.workdir, ignore_errors=True)

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import time
+import uuid
+
+from cephcsi._generated import csi_pb2
+from cephcsi.volumes.volume_id import VolumeId
+from tests.ceph.fixtures import CephTestCluster
+
+MiB = 1 << 20
+Mode = csi_pb2.VolumeCapability.AccessMode
+
+
+def mount_cap(mode: int = Mode.SINGLE_NODE_WRITER, fs: str = "") -> csi_pb2.VolumeCapability:
+    return csi_pb2.VolumeCapability(mount=csi_pb2.VolumeCapability.MountVolume(fs_type=fs), access_mode=Mode(mode=mode))
+
+
+def block_cap(mode: int = Mode.SINGLE_NODE_WRITER) -> csi_pb2.VolumeCapability:
+    return csi_pb2.VolumeCapability(block=csi_pb2.VolumeCapability.BlockVolume(), access_mode=Mode(mode=mode))
+
+
+def create_request(cluster: CephTestCluster, name: str | None = None, size: int = 8 * MiB, **params: str) -> csi_pb2.CreateVolumeRequest:
+    return csi_pb2.CreateVolumeRequest(
+        name=name or f"pvc-{uuid.uuid4()}",
+        capacity_range=csi_pb2.CapacityRange(required_bytes=size),
+        volume_capabilities=[mount_cap()],
+        parameters={**cluster.parameters, **params},
+        secrets=cluster.secrets,
+    )
+
+
+def image_of(volume_id: str, prefix: str = "csi-vol-") -> str:
+    return prefix + VolumeId.decode(volume_id).object_uuid
+
+
+def journal_entries(cluster: CephTestCluster, name: str) -> tuple[str | None, dict[str, str]]:
+    """(uuid for the name, that uuid's record) as stored in the pool."""
+    directory = cluster.omap("csi.volumes.default")
+    uuid_value = directory.get(f"csi.volume.{name}")
+    record = cluster.omap(f"csi.volume.{uuid_value}") if uuid_value else {}
+    return uuid_value, record
+
+
+def wait_for_empty_trash(cluster: CephTestCluster, timeout: float = 30) -> list[dict[str, str]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        trash = cluster.trash()
+        if not trash or time.monotonic() > deadline:
+            return trash
+        time.sleep(0.3)
