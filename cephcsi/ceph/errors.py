@@ -40,7 +40,7 @@ def error_number(error: BaseException) -> int | None:
         return errno.ENOENT
     if isinstance(error, (rados.ObjectExists, rbd.ImageExists)):
         return errno.EEXIST
-    if isinstance(error, (rados.PermissionDenied, rbd.PermissionError)):
+    if isinstance(error, (rados.PermissionError, rados.PermissionDeniedError, rbd.PermissionError)):
         return errno.EPERM
     if isinstance(error, (rados.ConnectionShutdown, rbd.ConnectionShutdown)):
         return errno.ESHUTDOWN
