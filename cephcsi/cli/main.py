@@ -5,7 +5,9 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -13,17 +15,33 @@ from cephcsi import __version__
 from cephcsi._generated import csi_pb2_grpc
 from cephcsi.cli.args import fail, parse_settings
 from cephcsi.config.clusters import ClusterRegistry
+from cephcsi.csi.controller import ControllerServicer
 from cephcsi.csi.identity import IdentityOptions, IdentityServicer
 from cephcsi.csi.server import CSIServer
 from cephcsi.errors import CephCSIError
 from cephcsi.observability import logging as cephcsi_logging
+from cephcsi.observability.health import HealthRegistry, SocketProbe
+from cephcsi.observability.http import HealthServer
 from cephcsi.observability.logging import fields
 from cephcsi.settings import Settings
+
+if TYPE_CHECKING:
+    from cephcsi.csi.node import NodeServicer
 
 log = logging.getLogger("cephcsi")
 
 
-def _servers(settings: Settings, clusters: ClusterRegistry) -> list[CSIServer]:
+@dataclass
+class Services:
+    """What the sidecars may call in-process (None when this mode does not serve it)."""
+
+    identity: IdentityServicer
+    controller: ControllerServicer | None
+    node: NodeServicer | None
+    servers: list[CSIServer]
+
+
+def _services(settings: Settings, clusters: ClusterRegistry) -> Services:
     identity = IdentityServicer(
         IdentityOptions(
             driver_name=settings.driver_name,
@@ -33,14 +51,14 @@ def _servers(settings: Settings, clusters: ClusterRegistry) -> list[CSIServer]:
     )
     main: list[Callable[[grpc.Server], None]] = [lambda s: csi_pb2_grpc.add_IdentityServicer_to_server(identity, s)]
     controller_side: list[Callable[[grpc.Server], None]] = []
+    controller: ControllerServicer | None = None
+    node: NodeServicer | None = None
     if settings.serves_controller:
-        from cephcsi.csi.controller import ControllerServicer
-
         controller = ControllerServicer.from_settings(settings, clusters)
         register = lambda s: csi_pb2_grpc.add_ControllerServicer_to_server(controller, s)  # noqa: E731
         (controller_side if settings.controller_endpoint else main).append(register)
     if settings.serves_node:
-        from cephcsi.csi.node import NodeServicer
+        from cephcsi.csi.node import NodeServicer  # the node stack (pyudev, mappers) only where needed
 
         node = NodeServicer.from_settings(settings, clusters)
         main.append(lambda s: csi_pb2_grpc.add_NodeServicer_to_server(node, s))
@@ -48,31 +66,69 @@ def _servers(settings: Settings, clusters: ClusterRegistry) -> list[CSIServer]:
     if controller_side:
         controller_side.insert(0, lambda s: csi_pb2_grpc.add_IdentityServicer_to_server(identity, s))
         servers.append(CSIServer(settings.controller_endpoint, settings.grpc_workers, controller_side))
-    return servers
+    return Services(identity, controller, node, servers)
+
+
+class Lifetime:
+    """Ends the process: a signal asks for exit code 0, a fatal loop failure for another."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.exit_code = 0
+
+    def request_exit(self, code: int, reason: str) -> None:
+        if not self._event.is_set():
+            self.exit_code = code
+            (log.info if code == 0 else log.error)("shutting down", extra=fields(reason=reason, exit_code=code))
+            self._event.set()
+
+    def wait(self) -> None:
+        # A timed wait keeps the main thread responsive to signals.
+        while not self._event.wait(1.0):
+            pass
 
 
 def run(settings: Settings) -> int:
     clusters = ClusterRegistry(settings.config_file)
-    servers = _servers(settings, clusters)
-    stop = threading.Event()
+    services = _services(settings, clusters)
+    lifetime = Lifetime()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal received, shutting down", extra=fields(signal=signal.Signals(signum).name))
-        stop.set()
+        lifetime.request_exit(0, f"signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    for server in servers:
+    health = HealthRegistry()
+    http: HealthServer | None = None
+    if settings.sidecars.http_endpoint:
+        http = HealthServer(settings.sidecars.http_endpoint, health)
+    for server in services.servers:
         server.start()
+        probe = SocketProbe(server.path)
+        health.add_liveness(f"csi:{server.path}", probe)
+        health.add_readiness(f"csi:{server.path}", probe)
+    if http is not None:
+        http.start()
+    sidecars = None
+    if settings.sidecars.enabled:
+        from cephcsi.sidecars.runner import start_sidecars
+
+        sidecars = start_sidecars(settings, services, health, lifetime.request_exit)
     log.info(
         "cephcsi started",
-        extra=fields(version=__version__, mode=settings.mode, driver=settings.driver_name, clusters=clusters.ids()),
+        extra=fields(version=__version__, mode=settings.mode, driver=settings.driver_name, clusters=clusters.ids(),
+                     sidecars=list(settings.sidecars.enabled)),
     )
-    stop.wait()
-    for server in servers:
+    lifetime.wait()
+    # Order matters: leader-only loops stop (and release the Lease) before the CSI socket goes.
+    if sidecars is not None:
+        sidecars.stop()
+    for server in services.servers:
         server.stop(settings.shutdown_grace)
-    log.info("cephcsi stopped")
-    return 0
+    if http is not None:
+        http.stop()
+    log.info("cephcsi stopped", extra=fields(exit_code=lifetime.exit_code))
+    return lifetime.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

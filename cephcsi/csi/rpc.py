@@ -37,6 +37,11 @@ _CALLER_ERRORS = {
 }
 
 
+# Polled constantly by the kubelet and probes: successes are logged at DEBUG only.
+_CHATTY = {"Probe", "GetPluginInfo", "GetPluginCapabilities", "ControllerGetCapabilities",
+           "NodeGetCapabilities", "NodeGetInfo", "NodeGetVolumeStats"}
+
+
 class ServicerBase:
     """What the decorator needs from a servicer."""
 
@@ -74,7 +79,8 @@ def rpc(method: Callable[[Any, Request, Any], Response]) -> Callable[[Any, Reque
                     SLOW_CALLS.labels(full_name).inc()
                     log.warning("slow call", extra=fields(method=name, seconds=round(elapsed, 3), code=code.name))
                 elif code is grpc.StatusCode.OK:
-                    log.info("ok", extra=fields(method=name, ms=round(elapsed * 1000, 1)))
+                    level = logging.DEBUG if name in _CHATTY else logging.INFO
+                    log.log(level, "ok", extra=fields(method=name, ms=round(elapsed * 1000, 1)))
 
     return wrapper
 
