@@ -46,7 +46,8 @@ log "installing cephcsi (editable) and test dependencies"
 
 export GOTOOLCHAIN=local
 GOBIN="$(go env GOPATH)/bin"
-if ! "$GOBIN/csi-sanity" --version 2>/dev/null | grep -q "$CSI_SANITY_VERSION"; then
+# csi-sanity prints "(dev)" as its version; the module version is in the binary's build info.
+if ! go version -m "$GOBIN/csi-sanity" 2>/dev/null | grep -q "csi-test/v5[[:space:]]*$CSI_SANITY_VERSION"; then
   log "go install csi-sanity@$CSI_SANITY_VERSION"
   go install "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$CSI_SANITY_VERSION"
 fi
