@@ -66,8 +66,10 @@ class ControlPlaneSettings:
     """Seconds to wait for etcd health and apiserver /readyz."""
     extra_apiserver_args: tuple[str, ...] = ()
     """Appended to the kube-apiserver command line."""
-    watch_cache_sizes: str = ""
-    """--watch-cache-sizes value (e.g. "podtemplates#0" sends that resource's watches to etcd)."""
+    watch_cache_sizes: str = "podtemplates#0"
+    """--watch-cache-sizes value. PodTemplates bypass the watch cache by default, so a watch on
+    them reaches etcd and etcd compaction really produces 410 Gone (the watch cache would
+    otherwise keep serving old resourceVersions); no controller touches PodTemplates."""
 
 
 def binaries_dir(timeout: float = 3600.0) -> Path:
@@ -317,10 +319,11 @@ class ControlPlane:
 
     # ---- clients ----------------------------------------------------------------------------------
 
-    def configuration(self, token: str | None = None) -> kubernetes.client.Configuration:
-        """A client Configuration for this apiserver with the given bearer token (admin by default)."""
+    def configuration(self, token: str | None = None, host: str | None = None) -> kubernetes.client.Configuration:
+        """A client Configuration for this apiserver with the given bearer token (admin by
+        default); `host` overrides the URL (e.g. a TcpProxy's)."""
         cfg = kubernetes.client.Configuration()
-        cfg.host = self.url
+        cfg.host = host or self.url
         cfg.ssl_ca_cert = str(self.ca_file)
         cfg.verify_ssl = True
         cfg.api_key = {"authorization": token or self.admin_token}
@@ -357,8 +360,14 @@ class ControlPlane:
             return str(reply.status.token)
 
     def service_account_client(self, namespace: str, name: str) -> kubernetes.client.ApiClient:
-        """An ApiClient authenticated as ServiceAccount namespace/name (created if missing)."""
+        """An ApiClient authenticated as ServiceAccount namespace/name (created if missing).
+        Bind RBAC to the subject system:serviceaccount:<namespace>:<name>."""
         return kubernetes.client.ApiClient(self.configuration(self.service_account_token(namespace, name)))
+
+    def service_account_kubeconfig(self, namespace: str, name: str, path: Path) -> Path:
+        """A kubeconfig file authenticating as ServiceAccount namespace/name (for subprocesses
+        and for code that takes --kubeconfig)."""
+        return self.write_kubeconfig(path, self.service_account_token(namespace, name))
 
     def write_kubeconfig(self, path: Path, token: str | None = None) -> Path:
         """Write a kubeconfig for this apiserver with the given token (admin by default)."""

@@ -1,0 +1,298 @@
+"""Work queue of keys with de-duplication, per-key exclusivity, delayed and rate-limited adds,
+and a fixed pool of worker threads.
+
+Semantics (those of client-go's rate-limiting work queue, which the sidecars are built on):
+- A key waiting in the queue is there once however often it is added ("dirty" set).
+- A key being processed ("processing" set) is never handed to a second worker; if it is added
+  meanwhile it is queued again when the first worker calls `done`, so the latest state is
+  always processed after the change that caused the add.
+- `add_rate_limited` re-adds after the key's own exponential backoff (1s doubling to 5m by
+  default); `forget` resets that backoff after a success; `add_after` is a plain delayed add.
+  Several pending delayed adds of one key collapse into the earliest.
+- `shut_down()` is immediate: adds are ignored, pending and delayed keys are dropped and `get`
+  returns None, so workers stop after their current key (what losing leadership needs).
+  `shut_down_with_drain()` ignores new adds but lets workers finish what is already queued.
+
+Metrics (workqueue_* in cephcsi.kube.metrics) are labelled with the queue's name.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from typing import Callable, Generic, Hashable, TypeVar
+
+from cephcsi.errors import CephCSIError
+from cephcsi.kube.metrics import (
+    WORKQUEUE_ADDS,
+    WORKQUEUE_DEPTH,
+    WORKQUEUE_QUEUE_DURATION,
+    WORKQUEUE_RETRIES,
+    WORKQUEUE_WORK_DURATION,
+)
+from cephcsi.kube.ratelimit import ItemBackoffSettings, ItemExponentialBackoff
+
+log = logging.getLogger(__name__)
+
+K = TypeVar("K", bound=Hashable)
+
+
+class WorkQueue(Generic[K]):
+    """See the module docstring. Keys must be hashable and not None."""
+
+    def __init__(self, name: str, *, rate_limiter: ItemExponentialBackoff[K] | None = None) -> None:
+        self.name = name
+        self.rate_limiter: ItemExponentialBackoff[K] = rate_limiter or ItemExponentialBackoff(ItemBackoffSettings())
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: deque[K] = deque()
+        self._dirty: set[K] = set()
+        self._processing: set[K] = set()
+        self._added_at: dict[K, float] = {}
+        self._started_at: dict[K, float] = {}
+        self._shutting_down = False
+        self._draining = False
+        # Delayed adds: key -> earliest ready time, and a heap of (ready, seq, key) entries where
+        # entries that no longer match _waiting are stale and skipped.
+        self._waiting: dict[K, float] = {}
+        self._heap: list[tuple[float, int, K]] = []
+        self._seq = itertools.count()
+        self._delay_cond = threading.Condition(threading.Lock())
+        self._delay_thread: threading.Thread | None = None
+        self._delay_stopped = False
+        self._depth = WORKQUEUE_DEPTH.labels(name)
+        self._adds = WORKQUEUE_ADDS.labels(name)
+        self._retries = WORKQUEUE_RETRIES.labels(name)
+        self._work_duration = WORKQUEUE_WORK_DURATION.labels(name)
+        self._queue_duration = WORKQUEUE_QUEUE_DURATION.labels(name)
+
+    # ---- adding ---------------------------------------------------------------------------------
+
+    def add(self, key: K) -> None:
+        """Queue key unless it is already waiting; ignored after shutdown."""
+        with self._cond:
+            if self._shutting_down or key in self._dirty:
+                return
+            self._adds.inc()
+            self._dirty.add(key)
+            self._added_at.setdefault(key, time.monotonic())
+            if key in self._processing:
+                return  # queued again by done()
+            self._queue.append(key)
+            self._depth.set(len(self._queue))
+            self._cond.notify()
+
+    def add_after(self, key: K, delay: float) -> None:
+        """Queue key after `delay` seconds (at once if delay <= 0)."""
+        if delay <= 0:
+            self.add(key)
+            return
+        ready = time.monotonic() + delay
+        with self._delay_cond:
+            if self._delay_stopped:
+                return
+            current = self._waiting.get(key)
+            if current is not None and current <= ready:
+                return
+            self._waiting[key] = ready
+            heapq.heappush(self._heap, (ready, next(self._seq), key))
+            if self._delay_thread is None:
+                self._delay_thread = threading.Thread(
+                    target=self._run_delayed, name=f"workqueue-{self.name}-delay", daemon=True)
+                self._delay_thread.start()
+            self._delay_cond.notify()
+
+    def add_rate_limited(self, key: K) -> None:
+        """Queue key after its per-key backoff delay (which this call lengthens)."""
+        self._retries.inc()
+        self.add_after(key, self.rate_limiter.when(key))
+
+    def forget(self, key: K) -> None:
+        """Reset key's backoff (call after a successful processing)."""
+        self.rate_limiter.forget(key)
+
+    def num_requeues(self, key: K) -> int:
+        """How many rate-limited re-adds key has had since it was last forgotten."""
+        return self.rate_limiter.num_requeues(key)
+
+    # ---- consuming -------------------------------------------------------------------------------
+
+    def get(self, timeout: float | None = None) -> K | None:
+        """The next key (now owned by the caller until `done`), or None when the queue is shut
+        down (drained) or `timeout` seconds passed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self._queue:
+                if self._shutting_down:
+                    return None
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+            if self._shutting_down and not self._draining:
+                return None
+            key = self._queue.popleft()
+            self._depth.set(len(self._queue))
+            self._processing.add(key)
+            self._dirty.discard(key)
+            now = time.monotonic()
+            added = self._added_at.pop(key, None)
+            self._started_at[key] = now
+        if added is not None:
+            self._queue_duration.observe(now - added)
+        return key
+
+    def done(self, key: K) -> None:
+        """The caller finished key; if it was added meanwhile, it is queued again now."""
+        with self._cond:
+            self._processing.discard(key)
+            started = self._started_at.pop(key, None)
+            if key in self._dirty:  # shut_down() empties _dirty, draining keeps it
+                self._queue.append(key)
+                self._depth.set(len(self._queue))
+                self._cond.notify()
+            self._cond.notify_all()  # wakes shut_down_with_drain
+        if started is not None:
+            self._work_duration.observe(time.monotonic() - started)
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    @property
+    def shutting_down(self) -> bool:
+        """True once either shutdown was requested."""
+        with self._cond:
+            return self._shutting_down
+
+    def processing(self) -> int:
+        """Keys currently handed out and not done."""
+        with self._cond:
+            return len(self._processing)
+
+    def waiting(self) -> int:
+        """Keys waiting for a delayed add."""
+        with self._delay_cond:
+            return len(self._waiting)
+
+    # ---- shutdown --------------------------------------------------------------------------------
+
+    def shut_down(self) -> None:
+        """Stop now: ignore adds, drop queued and delayed keys, make get() return None."""
+        with self._cond:
+            self._shutting_down = True
+            self._queue.clear()
+            self._dirty.clear()
+            self._added_at.clear()
+            self._depth.set(0)
+            self._cond.notify_all()
+        self._stop_delayed()
+
+    def shut_down_with_drain(self, timeout: float | None = None) -> bool:
+        """Ignore new adds (and drop delayed ones) but hand out what is queued; wait until the
+        queue is empty and no key is processing. True if that happened within timeout."""
+        with self._cond:
+            self._shutting_down = True
+            self._draining = True
+            self._cond.notify_all()
+        self._stop_delayed()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._processing:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        return True
+
+    # ---- delayed adds ------------------------------------------------------------------------------
+
+    def _stop_delayed(self) -> None:
+        with self._delay_cond:
+            self._delay_stopped = True
+            self._waiting.clear()
+            self._heap.clear()
+            self._delay_cond.notify_all()
+
+    def _run_delayed(self) -> None:
+        while True:
+            ready_keys: list[K] = []
+            with self._delay_cond:
+                if self._delay_stopped:
+                    return
+                now = time.monotonic()
+                while self._heap and self._heap[0][0] <= now:
+                    ready, _seq, key = heapq.heappop(self._heap)
+                    if self._waiting.get(key) == ready:
+                        del self._waiting[key]
+                        ready_keys.append(key)
+                if not ready_keys:
+                    timeout = self._heap[0][0] - now if self._heap else None
+                    self._delay_cond.wait(timeout)
+                    continue
+            for key in ready_keys:
+                self.add(key)
+
+
+class Workers(Generic[K]):
+    """A fixed pool of threads taking keys from a queue and calling `process(key)`.
+
+    `process` returning normally → the key's backoff is forgotten; raising → the key is re-added
+    with rate limiting (logged at WARNING with the number of requeues). Either way the key is
+    marked done, so a re-add during processing runs it again."""
+
+    def __init__(self, work_queue: WorkQueue[K], process: Callable[[K], None], *, count: int,
+                 name: str | None = None) -> None:
+        if count < 1:
+            raise ValueError("need at least one worker")
+        self.queue = work_queue
+        self.process = process
+        self.count = count
+        self.name = name or work_queue.name
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Start the worker threads (once)."""
+        if self._threads:
+            return
+        for index in range(self.count):
+            thread = threading.Thread(target=self._run, name=f"worker-{self.name}-{index}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def stop(self, *, drain: bool = False, timeout: float | None = None) -> bool:
+        """Shut the queue down (draining it first if asked) and wait for the workers; True if
+        all of them ended within timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if drain:
+            self.queue.shut_down_with_drain(timeout)
+        self.queue.shut_down()
+        for thread in self._threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    def alive(self) -> int:
+        """Worker threads still running."""
+        return sum(t.is_alive() for t in self._threads)
+
+    def _run(self) -> None:
+        while True:
+            key = self.queue.get()
+            if key is None:
+                if self.queue.shutting_down:
+                    return
+                continue
+            try:
+                self.process(key)
+            except Exception as exc:  # noqa: BLE001 - every failure is retried with backoff
+                log.warning("processing failed; will retry", exc_info=not isinstance(exc, CephCSIError),
+                            extra={"queue": self.queue.name, "key": str(key), "error": str(exc),
+                                   "requeues": self.queue.num_requeues(key)})
+                self.queue.add_rate_limited(key)
+            else:
+                self.queue.forget(key)
+            finally:
+                self.queue.done(key)
+
