@@ -1,0 +1,88 @@
+# syntax=docker/dockerfile:1
+#
+# The one cephcsi image, for both roles:
+#   controller (deploy/controller-deployment.yaml): runs as the image's non-root USER 10001;
+#     the Deployment repeats runAsUser/runAsGroup 10001 and sets runAsNonRoot.
+#   node (deploy/node-daemonset.yaml): needs root and privileged (rbd map, mount, mkfs);
+#     the DaemonSet sets runAsUser: 0 and privileged: true, overriding USER below.
+#
+# Build:  docker build -t registry.example.com/storage/cephcsi:0.1.0 .
+# Pin the base by digest for fully reproducible builds:
+#   docker build --build-arg DEBIAN_IMAGE=debian:12.11-slim@sha256:<digest> ...
+#
+# Python: Debian's python3 (3.11), because Ceph's rados/rbd bindings exist only as Debian
+# packages built for it (PyPI has none). cephcsi and its PyPI dependencies live in a venv,
+# and only the two binding modules are linked into it, exactly as scripts/setup.sh does for
+# development: the image runs the same interpreter, bindings and dependency set as the test
+# suite. (--system-site-packages would instead let Debian's own python3-* packages, pulled
+# in by ceph-common, satisfy or shadow cephcsi's requirements.)
+
+ARG DEBIAN_IMAGE=debian:12.11-slim
+
+# ---- builder: wheels for cephcsi and its dependencies, then the runtime venv ------------
+FROM ${DEBIAN_IMAGE} AS builder
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      python3=3.11.2-1+b1 python3-venv=3.11.2-1+b1 \
+ && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY protos/ protos/
+COPY cephcsi/ cephcsi/
+
+# `pip wheel` builds cephcsi in an isolated build environment: setup.py generates the gRPC
+# stubs there with grpcio-tools (a build requirement in pyproject.toml, never installed in
+# the image). All dependencies come as wheels too, so the runtime venv installs offline.
+RUN python3 -m venv /opt/build \
+ && /opt/build/bin/pip wheel --no-cache-dir --wheel-dir /wheels .
+
+# The runtime venv is made here, at its final path, and copied whole into the final stage:
+# the final stage gets the installed wheels and no pip, wheels or build tools. Its python is
+# a link to /usr/bin/python3, the same Debian interpreter in both stages (same base image).
+# rados/rbd are linked to the Debian bindings that the final stage installs
+# (python3-rados, python3-rbd from scripts/packages.sh); the final stage checks the imports.
+RUN python3 -m venv /opt/cephcsi \
+ && /opt/cephcsi/bin/pip install --no-cache-dir --no-index --find-links /wheels cephcsi \
+ && /opt/cephcsi/bin/pip uninstall --yes pip setuptools \
+ && site="$(/opt/cephcsi/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')" \
+ && suffix="$(/opt/cephcsi/bin/python -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')" \
+ && for mod in rados rbd; do \
+      ln -s "/usr/lib/python3/dist-packages/${mod}${suffix}" "${site}/${mod}${suffix}"; \
+    done
+
+# ---- final image ---------------------------------------------------------------------------
+FROM ${DEBIAN_IMAGE}
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+LABEL org.opencontainers.image.title="cephcsi" \
+      org.opencontainers.image.description="Ceph RBD CSI driver with the Kubernetes CSI sidecars embedded" \
+      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+# The Debian runtime packages come from scripts/packages.sh, the list scripts/setup.sh
+# installs on development machines, so the image and the tested machines cannot drift.
+# Versions are not pinned: bookworm's archive keeps only the newest build of each package,
+# so an exact pin would break the build at the next security update; the base image tag
+# fixes the Debian point release instead.
+COPY scripts/packages.sh /usr/share/cephcsi/packages.sh
+# hadolint ignore=DL3008
+RUN source /usr/share/cephcsi/packages.sh \
+ && apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${RUNTIME_DEB_PACKAGES[@]}" \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --user-group --no-create-home \
+      --home-dir /nonexistent --shell /usr/sbin/nologin cephcsi
+
+COPY --from=builder /opt/cephcsi /opt/cephcsi
+ENV PATH="/opt/cephcsi/bin:${PATH}" \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+
+# Fail the build, not the pod, if the bindings or the generated stubs are missing.
+RUN python -c 'import rados, rbd, cephcsi._generated.csi_pb2' && cephcsi --version
+
+USER 10001:10001
+ENTRYPOINT ["cephcsi"]
