@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from cephcsi import __version__
@@ -21,8 +21,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"cephcsi: error: {message} (see cephcsi --help)\n")
 
 
-def _positive(kind: type) -> object:
-    def parse(text: str) -> object:
+def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
         try:
             value = kind(text)
         except ValueError:
