@@ -1,0 +1,1 @@
+"""cephcsi benchmarks: `.venv/bin/python -m bench` (see bench/README.md)."""

@@ -1,0 +1,44 @@
+"""Benchmark options (the CLI fills them; sections read them)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+GiB = 1 << 30
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Options:
+    ops: int = 100
+    """Operations per batch (per concurrency level and per kind); 100 makes the nearest-rank p99
+    the second-largest sample rather than the maximum."""
+    concurrency: tuple[int, ...] = (1, 8, 32)
+    size_bytes: int = GiB
+    """Size of every image/volume (thin: nothing is written)."""
+    warmup: int = 4
+    """Untimed create+delete pairs per path before measuring (connections, caches)."""
+    node_iterations: int = 8
+    """Stage/publish/unpublish/unstage cycles per path and volume mode."""
+    sidecar_settle_s: float = 10.0
+    """Seconds a Go sidecar runs before its RSS is read."""
+    drain_timeout_s: float = 300.0
+    """Longest wait for the mgr to purge the trash between batches."""
+    build: bool = True
+    """Build missing Go sidecars / control-plane binaries (slow once; cached after)."""
+    sections: tuple[str, ...] = ()
+    """Sections to run (empty: all)."""
+    output_dir: Path = RESULTS_DIR
+    quick: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["output_dir"] = str(self.output_dir)
+        doc["concurrency"] = list(self.concurrency)
+        doc["sections"] = list(self.sections)
+        return doc
+
+
+QUICK: dict[str, Any] = {"ops": 8, "concurrency": (1, 8), "warmup": 1, "node_iterations": 1, "sidecar_settle_s": 3.0}

@@ -1,0 +1,75 @@
+"""Memory and CPU of a process from /proc (Linux): VmRSS, VmHWM, utime+stime, threads."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    pid: int
+    rss_bytes: int
+    """VmRSS: resident memory now."""
+    hwm_bytes: int
+    """VmHWM: peak resident memory since the process started."""
+    cpu_s: float
+    """utime + stime of all threads so far (children not included)."""
+    threads: int
+    at: float
+    """time.monotonic() of the sample."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_status(text: str) -> dict[str, int]:
+    """VmRSS/VmHWM/VmSize in bytes and Threads from /proc/<pid>/status text."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if key in ("VmRSS", "VmHWM", "VmSize", "VmPeak") and len(parts) == 2 and parts[1] == "kB":
+            out[key] = int(parts[0]) * 1024
+        elif key == "Threads" and parts:
+            out[key] = int(parts[0])
+    return out
+
+
+def parse_cpu_seconds(stat_text: str, ticks_per_second: int = CLOCK_TICKS) -> float:
+    """utime+stime (fields 14 and 15) from /proc/<pid>/stat text, in seconds.
+
+    The command name (field 2) is in parentheses and may itself hold spaces or ')', so the
+    fields are counted from the last ')'."""
+    rest = stat_text[stat_text.rindex(")") + 2:].split()
+    # rest[0] is field 3 (state): utime is field 14 → rest[11], stime field 15 → rest[12].
+    utime, stime = int(rest[11]), int(rest[12])
+    return (utime + stime) / ticks_per_second
+
+
+def sample(pid: int) -> ProcessSample:
+    """Read the process's memory and CPU now; OSError (ProcessLookupError) if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as handle:
+            status = parse_status(handle.read())
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            cpu = parse_cpu_seconds(handle.read())
+    except FileNotFoundError:
+        raise ProcessLookupError(pid) from None
+    return ProcessSample(
+        pid=pid,
+        rss_bytes=status.get("VmRSS", 0),
+        hwm_bytes=status.get("VmHWM", 0),
+        cpu_s=cpu,
+        threads=status.get("Threads", 0),
+        at=time.monotonic(),
+    )
+
+
+def self_cpu_seconds() -> float:
+    """CPU time (user+system, all threads) of this process so far."""
+    t = os.times()
+    return t.user + t.system

@@ -1,0 +1,31 @@
+"""The benchmark sections, in the order they run. Adding figures = one new module exposing
+`SECTION = Section(name, title, run)` and one line here (or replacing a pending slot's module).
+
+Order matters where a later section reads what an earlier one left: `resources` reports the
+controller's memory/CPU after `controller` has run its batches; `sidecars` compares against
+the controller's RSS measured by then.
+"""
+from __future__ import annotations
+
+from bench.sections import (
+    controller_ops,
+    go_sidecars,
+    kube_failover,
+    kube_provisioning,
+    node_ops,
+    resources,
+)
+from bench.sections.base import Section
+
+SECTIONS: tuple[Section, ...] = (
+    controller_ops.SECTION,
+    node_ops.SECTION,
+    resources.SECTION,
+    go_sidecars.SECTION,
+    kube_provisioning.SECTION,
+    kube_failover.SECTION,
+)
+
+
+def by_name() -> dict[str, Section]:
+    return {section.name: section for section in SECTIONS}

@@ -1,0 +1,44 @@
+"""The bench's command line and section list (no peers started)."""
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from bench.cli import build_parser, options_from
+from bench.options import GiB, Options
+from bench.sections import SECTIONS, by_name
+
+pytestmark = pytest.mark.unit
+
+
+def _options(*argv: str) -> Options:
+    return options_from(build_parser().parse_args(list(argv)))
+
+
+def test_defaults_and_quick() -> None:
+    full = _options()
+    assert (full.ops, full.concurrency, full.size_bytes, full.quick) == (100, (1, 8, 32), GiB, False)
+    quick = _options("--quick")
+    assert quick.quick and quick.ops < full.ops and quick.node_iterations < full.node_iterations
+
+
+def test_flags_override_quick_and_sections_are_checked() -> None:
+    o = _options("--quick", "--ops", "5", "--concurrency", "2,4", "--size-mib", "64", "--sections", "controller,node",
+                 "--no-build")
+    assert (o.ops, o.concurrency, o.size_bytes, o.sections, o.build) == (5, (2, 4), 64 << 20, ("controller", "node"), False)
+    with pytest.raises(SystemExit):
+        _options("--sections", "nope")
+    with pytest.raises(SystemExit):
+        _options("--concurrency", "0")
+    assert o.to_json()["concurrency"] == [2, 4]
+
+
+def test_section_names_are_unique_and_the_kube_slots_report_pending() -> None:
+    names = [s.name for s in SECTIONS]
+    assert len(names) == len(set(names)) == len(by_name())
+    assert names.index("controller") < names.index("resources") < names.index("sidecars")
+    for name in ("kube-provisioning", "kube-failover"):
+        result = by_name()[name].run(cast(Any, None))
+        assert result.status == "pending" and result.reason == "needs the embedded sidecars"
+        assert result.notes
