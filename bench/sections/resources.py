@@ -25,16 +25,20 @@ def _rows(table: Table, process: str, samples: dict[str, ProcessSample]) -> None
 
 
 FLOOR_IMPORTS = "import grpc, rados, rbd, cephcsi._generated.csi_pb2_grpc"
+# What the embedded sidecars will load on top (the kubernetes client pulls in every API model).
+KUBE_IMPORTS = "import cephcsi.kube.client, cephcsi.kube.informer, cephcsi.kube.leaderelection"
 
 
-def interpreter_floor() -> ProcessSample:
+def interpreter_floor(imports: str = FLOOR_IMPORTS) -> ProcessSample:
     """RSS of an idle interpreter that has only imported what any cephcsi process must load
-    (gRPC, the rados/rbd bindings with librados/librbd, the CSI stubs): the memory floor."""
-    code = f"{FLOOR_IMPORTS}; import sys; sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()"
+    (gRPC, the rados/rbd bindings with librados/librbd, the CSI stubs): the memory floor.
+    RuntimeError when the imports fail."""
+    code = f"{imports}; import sys; sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()"
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert child.stdout is not None
-        child.stdout.readline()
+        if child.stdout.readline() != b"ready\n":
+            raise RuntimeError(f"{imports!r} failed")
         time.sleep(0.5)
         return procstat.sample(child.pid)
     finally:
@@ -51,9 +55,21 @@ def run(env: Environment) -> SectionResult:
     floor = interpreter_floor()
     table.add("floor", f"python3.11 + {FLOOR_IMPORTS[7:]} imported, idle", report.mib(floor.rss_bytes),
               report.mib(floor.hwm_bytes), report.num(floor.cpu_s, 2), floor.threads)
+    data_kube: dict[str, Any] | None = None
+    try:
+        kube = interpreter_floor(f"{FLOOR_IMPORTS}; {KUBE_IMPORTS}")
+    except RuntimeError:
+        pass
+    else:
+        table.add("floor+kube", "the floor + cephcsi.kube (kubernetes client) imported, idle", report.mib(kube.rss_bytes),
+                  report.mib(kube.hwm_bytes), report.num(kube.cpu_s, 2), kube.threads)
+        data_kube = kube.to_json()
+        result.notes.append(
+            f"floor+kube − floor = {report.mib(kube.rss_bytes - floor.rss_bytes)} MiB: the least the embedded "
+            "sidecars will add to the controller (importing the kubernetes Python client loads every API model)")
     _rows(table, "controller", env.controller_samples)
 
-    data: dict[str, Any] = {"floor": floor.to_json(),
+    data: dict[str, Any] = {"floor": floor.to_json(), "floor_kube": data_kube,
                             "controller": {k: v.to_json() for k, v in env.controller_samples.items()}}
     before = env.controller_samples.get("after warm-up (connected, idle)")
     after = env.controller_samples.get("after the create/delete batches (idle)")
