@@ -17,7 +17,7 @@ from cephcsi.ceph import images
 from cephcsi.ceph.connection import ConnectionCache, Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.config.clusters import ClusterRegistry
-from cephcsi.errors import AlreadyExists, Internal, NotFound
+from cephcsi.errors import AlreadyExists, NotFound
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import failpoints
 from cephcsi.volumes.capacity import fits
@@ -76,28 +76,32 @@ class VolumeManager:
                 failpoints.reach("create.after-reserve")
                 record = journal.ensure_record(uuid, request.name, f"{params.name_prefix}{uuid}")
                 failpoints.reach("create.after-record")
-                info = images.stat(io, record.image_name)
-                if info is None:
-                    log.info("creating image", extra=fields(image=record.image_name, pool=params.pool, bytes=request.size))
-                    images.create(io, record.image_name, request.size, params.features, params.data_pool)
-                    failpoints.reach("create.after-image")
-                    info = images.stat(io, record.image_name)
-                    if info is None:
-                        raise Internal(f"image {record.image_name!r} vanished right after it was created; retry")
-                elif not fits(info.size, request.required_bytes, request.limit_bytes):
-                    raise AlreadyExists(
-                        f"volume {request.name!r} already exists with {info.size} bytes, which does not fit the "
-                        f"requested range [{request.required_bytes}, {request.limit_bytes or 'unbounded'}]"
-                    )
-                if record.image_id != info.image_id:
-                    journal.set_image_id(uuid, info.image_id)
+                image_id, size = self._ensure_image(io, request, record.image_name)
+                if record.image_id != image_id:
+                    journal.set_image_id(uuid, image_id)
                 volume_id = VolumeId(params.cluster_id, pool_id, uuid)
                 return Volume(
                     volume_id=volume_id,
-                    size=info.size,
+                    size=size,
                     image_name=record.image_name,
                     context=params.volume_context(record.image_name, cluster.rados_namespace),
                 )
+
+    def _ensure_image(self, io: rados.Ioctx, request: CreateRequest, name: str) -> tuple[str, int]:
+        """(image id, size) of the volume's image, creating it when it does not exist yet."""
+        params = request.parameters
+        info = images.stat(io, name) if images.lookup_id(io, name) is not None else None
+        if info is None:
+            log.info("creating image", extra=fields(image=name, pool=params.pool, bytes=request.size))
+            image_id = images.create(io, name, request.size, params.features, params.data_pool)
+            failpoints.reach("create.after-image")
+            return image_id, request.size
+        if not fits(info.size, request.required_bytes, request.limit_bytes):
+            raise AlreadyExists(
+                f"volume {request.name!r} already exists with {info.size} bytes, which does not fit the "
+                f"requested range [{request.required_bytes}, {request.limit_bytes or 'unbounded'}]"
+            )
+        return info.image_id, info.size
 
     def delete(self, volume_id_text: str, secrets: Mapping[str, str]) -> None:
         """Delete the volume; a volume (or pool) that is already gone counts as deleted.
@@ -132,14 +136,30 @@ class VolumeManager:
     def _remove_image(self, session: Session, io: rados.Ioctx, pool: str, record: Record) -> None:
         """Trash the image, then purge it. A retry after a crash between the two finds the
         image in the trash by its journaled id and purges it, so nothing is leaked."""
-        info = images.stat(io, record.image_name)
+        info = images.stat(io, record.image_name, with_watchers=True)
         image_id = record.image_id or (info.image_id if info else "")
         if info is not None:
+            images.require_unused(info)
             images.move_to_trash(io, record.image_name)
             failpoints.reach("delete.after-trash")
         elif not (image_id and images.trash_contains(io, image_id)):
             return
         images.purge_from_trash(session, io, pool, image_id)
+
+    def find(self, name: str, parameters: VolumeParameters, credentials: Credentials) -> str | None:
+        """The id of the volume journaled under request `name` in the parameters' pool, or None.
+
+        Read-only (CreateVolume would create a missing volume): the provisioner uses it to clean
+        up a volume whose claim was deleted before its PV existed. A missing pool means no volume."""
+        cluster = self.clusters.get(parameters.cluster_id)
+        with self.name_locks.hold(name), self.connections.session(cluster, credentials) as session:
+            try:
+                with session.ioctx(parameters.pool) as io:
+                    uuid = Journal(io, self.instance_id, VOLUMES).lookup(name)
+                    pool_id = io.get_pool_id()
+            except NotFound:
+                return None
+        return VolumeId(parameters.cluster_id, pool_id, uuid).encode() if uuid else None
 
     def locate(self, volume_id_text: str, credentials: Credentials) -> tuple[Located, images.ImageInfo]:
         """The volume and its image, or NotFound (also for ids this driver never issued)."""
