@@ -6,7 +6,8 @@ How it works (the same contract as client-go's reflector + shared informer):
   drawn at random from [watch_timeout, 2*watch_timeout) so many clients do not reconnect
   together) or goes quiet for `inactivity_timeout` (client-side read timeout; bookmarks keep a
   healthy watch from going quiet) is resumed from the last seen resourceVersion. Connection
-  errors, 5xx and 429 are retried with capped exponential backoff and jitter, resuming too.
+  errors, 5xx and 429 are retried with capped exponential backoff and jitter, resuming too
+  (after 5 failures in a row, or any other HTTP error, the informer lists again instead).
   410 Gone / "too old resourceVersion" means events were lost: the informer lists again and
   diffs the result against the cache, so handlers see adds, updates, and deletes (with
   `final_state_unknown=True`, carrying the last cached object) for what changed meanwhile.
@@ -30,6 +31,7 @@ relist does not re-deliver unchanged objects (resync is the tool for that).
 """
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import queue
@@ -152,6 +154,16 @@ class _TooShort(Exception):
     """The watch ended almost at once without events."""
 
 
+class _Stopped(Exception):
+    """stop() was called in the middle of a list."""
+
+
+# After this many consecutive failed watches the informer lists again instead of resuming:
+# an error that repeats (e.g. "resourceVersion too large" after a restore) will not go away
+# by resuming from the same resourceVersion.
+_RELIST_AFTER_FAILURES = 5
+
+
 class Informer:
     """List+watch one resource into a Store and notify handlers; see the module docstring."""
 
@@ -199,7 +211,7 @@ class Informer:
         """Every cached object. Read-only."""
         return self._store.list()
 
-    def by_index(self, index_name: str, value: str) -> list[KubeObject]:
+    def by_index(self, index_name: str, value: str) -> builtins.list[KubeObject]:
         """Cached objects with `value` in index `index_name`. Read-only."""
         return self._store.by_index(index_name, value)
 
@@ -315,8 +327,10 @@ class Informer:
             meta = body.get("metadata") or {}
             rv = str(meta.get("resourceVersion") or "")
             token = meta.get("continue") or None
-            if not token or self._stop.is_set():
+            if not token:
                 break
+            if self._stop.is_set():
+                raise _Stopped("stopped during a paged list")  # never cache half a list
         with self._lock:
             result = self._store.replace(items)
             targets = self._registrations
@@ -337,11 +351,13 @@ class Informer:
         return rv
 
     def _watch_until_relist(self, rv: str) -> None:
+        failures = 0
         while not self._stop.is_set():
             # Resume from the newest resourceVersion seen, also when the last watch broke.
             rv = self._last_rv or rv
             try:
                 rv = self._watch_once(rv)
+                failures = 0
             except _Expired:
                 INFORMER_WATCH_ERRORS.labels(self.name, "expired").inc()
                 log.info("watch resourceVersion expired; relisting",
@@ -350,7 +366,9 @@ class Informer:
             except Exception as exc:  # noqa: BLE001 - classified below
                 if self._stop.is_set():
                     return
-                resume = apierrors.is_transient(exc) or isinstance(exc, (_TooShort, ValueError))
+                failures += 1
+                resume = (apierrors.is_transient(exc) or isinstance(exc, (_TooShort, ValueError))) \
+                    and failures < _RELIST_AFTER_FAILURES
                 reason = _error_reason(exc)
                 INFORMER_WATCH_ERRORS.labels(self.name, reason).inc()
                 delay = self._backoff.next_delay()
@@ -373,6 +391,10 @@ class Informer:
         started = time.monotonic()
         response = self._list_func(**kwargs)
         with self._response_lock:
+            if self._stop.is_set():
+                # stop() ran while the request was in flight and could not interrupt it.
+                response.close()
+                return rv
             self._response = response
         events = 0
         try:
@@ -385,6 +407,7 @@ class Informer:
             if apierrors.is_timeout(exc) and not self._stop.is_set():
                 # A quiet watch: no event or bookmark within inactivity_timeout. Not an error
                 # by itself; reconnecting proves the server is still there.
+                INFORMER_WATCH_ERRORS.labels(self.name, "inactive").inc()
                 log.info("watch inactive; reconnecting", extra={
                     "informer": self.name, "inactivity_timeout": s.inactivity_timeout})
                 return rv

@@ -293,7 +293,11 @@ class LeaderElector:
     def _won(self, written: LeaseRecord, start: float, gen: int) -> Outcome:
         with self._state:
             if gen != self._gen:
-                return Outcome.FAILED  # this term already ended; the write is not ours to use
+                # This term already ended: the write does not extend it, but it is the newest
+                # record (release needs its resourceVersion).
+                if self._observed is None or self._observed.holder_identity == written.holder_identity:
+                    self._observed = written
+                return Outcome.FAILED
             previous = self._observed
             self._observed = written
             self._observed_at = self._clock.monotonic()
@@ -465,16 +469,28 @@ class LeaderElector:
     def _release(self) -> None:
         with self._state:
             record = self._observed
-        if record is None or record.holder_identity != self.identity:
-            return
-        now = self._clock.wall()
-        released = record.with_changes(holder_identity="", lease_duration_seconds=1,
-                                       renew_time=now, acquire_time=now)
-        try:
-            written = self.lock.update(released, self.config.request_timeout)
-        except Exception as exc:  # noqa: BLE001 - a failed release only delays the standby
-            log.warning("lease release failed; standbys wait for expiry",
-                        extra={"lease": self.lock.describe(), "error": repr(exc)})
+        written = None
+        for _attempt in range(2):
+            if record is None or record.holder_identity != self.identity:
+                return
+            now = self._clock.wall()
+            released = record.with_changes(holder_identity="", lease_duration_seconds=1,
+                                           renew_time=now, acquire_time=now)
+            try:
+                written = self.lock.update(released, self.config.request_timeout)
+                break
+            except LeaseConflict:
+                # Our own last renewal may have landed after we stopped tracking it: re-read.
+                try:
+                    record = self.lock.get(self.config.request_timeout)
+                except Exception as exc:  # noqa: BLE001
+                    self._log_failure("read before release", exc)
+                    return
+            except Exception as exc:  # noqa: BLE001 - a failed release only delays the standby
+                log.warning("lease release failed; standbys wait for expiry",
+                            extra={"lease": self.lock.describe(), "error": repr(exc)})
+                return
+        if written is None:
             return
         with self._state:
             self._observed = written

@@ -8,6 +8,7 @@ Copying on every read would cost more than the whole watch.
 """
 from __future__ import annotations
 
+import builtins
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -81,7 +82,7 @@ class Store:
         with self._lock:
             return list(self._items.values())
 
-    def keys(self) -> list[str]:
+    def keys(self) -> builtins.list[str]:
         """All keys."""
         with self._lock:
             return list(self._items)
@@ -94,18 +95,18 @@ class Store:
         with self._lock:
             return key in self._items
 
-    def by_index(self, index_name: str, value: str) -> list[KubeObject]:
+    def by_index(self, index_name: str, value: str) -> builtins.list[KubeObject]:
         """Objects whose index function `index_name` returned `value`."""
         with self._lock:
             keys = self._index(index_name).get(value, ())
             return [self._items[k] for k in keys]
 
-    def index_keys(self, index_name: str, value: str) -> list[str]:
+    def index_keys(self, index_name: str, value: str) -> builtins.list[str]:
         """Keys of the objects whose index function `index_name` returned `value`."""
         with self._lock:
             return list(self._index(index_name).get(value, ()))
 
-    def index_values(self, index_name: str) -> list[str]:
+    def index_values(self, index_name: str) -> builtins.list[str]:
         """Every value present in index `index_name`."""
         with self._lock:
             return list(self._index(index_name))

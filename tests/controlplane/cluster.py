@@ -37,10 +37,12 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Sequence
+from typing import IO, Any, Callable, Sequence
 
 import kubernetes.client
 import kubernetes.config
+import kubernetes.utils
+import yaml
 
 log = logging.getLogger(__name__)
 
@@ -307,8 +309,7 @@ class ControlPlane:
 
     def etcd_revision(self) -> int:
         """The current etcd revision (the newest resourceVersion of any object)."""
-        reply = self._etcd_call("/v3/maintenance/status", {})
-        return int(reply["header"]["revision"])
+        return int(self._etcd_call("/v3/maintenance/status", {})["header"]["revision"])
 
     def compact_etcd(self) -> int:
         """Compact etcd to its current revision (physically), so any older resourceVersion
@@ -368,6 +369,19 @@ class ControlPlane:
         """A kubeconfig file authenticating as ServiceAccount namespace/name (for subprocesses
         and for code that takes --kubeconfig)."""
         return self.write_kubeconfig(path, self.service_account_token(namespace, name))
+
+    def apply_manifest(self, path: Path) -> list[dict[str, object]]:
+        """Create every object of a (multi-document) YAML manifest as admin; objects that
+        already exist are left alone. Returns the documents."""
+        docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+        with self.api_client() as admin:
+            for doc in docs:
+                try:
+                    kubernetes.utils.create_from_dict(admin, doc)
+                except kubernetes.utils.FailToCreateError as exc:
+                    if any(e.status != 409 for e in exc.api_exceptions):
+                        raise
+        return docs
 
     def write_kubeconfig(self, path: Path, token: str | None = None) -> Path:
         """Write a kubeconfig for this apiserver with the given token (admin by default)."""
@@ -451,13 +465,13 @@ class ControlPlane:
         except (OSError, ssl.SSLError, urllib.error.URLError):
             return False
 
-    def _etcd_call(self, path: str, body: dict[str, object]) -> dict[str, object]:
+    def _etcd_call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         request = urllib.request.Request(
             f"{self.etcd_url}{path}", data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"}, method="POST",
         )
         with urllib.request.urlopen(request, timeout=10) as reply:
-            result: dict[str, object] = json.load(reply)
+            result: dict[str, Any] = json.load(reply)
             return result
 
 

@@ -250,7 +250,10 @@ def test_resync_redelivers_updates_per_handler(server: FakeServer) -> None:
 def test_slow_handler_does_not_hold_back_the_cache(server: FakeServer) -> None:
     release = threading.Event()
     informer = Informer(server, name="fake", settings=FAST)
-    informer.add_handler(EventHandler(on_add=lambda o: release.wait(5)))
+    def slow(_obj: dict[str, Any]) -> None:
+        release.wait(5)
+
+    informer.add_handler(EventHandler(on_add=slow))
     informer.start()
     try:
         server.next_watch()
@@ -268,7 +271,10 @@ def test_slow_handler_does_not_hold_back_the_cache(server: FakeServer) -> None:
 def test_failing_handler_does_not_stop_the_others(server: FakeServer) -> None:
     rec = Recorder()
     informer = Informer(server, name="fake", settings=FAST)
-    informer.add_handler(EventHandler(on_add=lambda o: 1 / 0))
+    def broken(_obj: dict[str, Any]) -> None:
+        raise ZeroDivisionError
+
+    informer.add_handler(EventHandler(on_add=broken))
     informer.add_handler(rec.handler())
     informer.start()
     try:
@@ -309,3 +315,39 @@ def test_enqueue_handler_feeds_a_work_queue(server: FakeServer) -> None:
     finally:
         informer.stop()
         wq.shut_down()
+
+
+def test_stop_during_watch_request_does_not_leave_a_blocked_stream(server: FakeServer) -> None:
+    informer = Informer(server, name="fake", settings=FAST)
+    real_call = server.__call__
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_watch(**kwargs: Any) -> FakeResponse:
+        if kwargs.get("watch"):
+            entered.set()
+            release.wait(2)  # the request is "in flight" when stop() runs
+        return real_call(**kwargs)
+
+    informer._list_func = slow_watch  # noqa: SLF001 - simulate a slow server response
+    informer.start()
+    assert entered.wait(2)
+    stopper = threading.Thread(target=informer.stop, kwargs={"timeout": 3})
+    stopper.start()
+    time.sleep(0.05)
+    release.set()
+    start = time.monotonic()
+    stopper.join(3)
+    assert time.monotonic() - start < 0.5
+    assert server.next_watch().closed.is_set()
+
+
+def test_repeated_watch_failures_end_in_a_relist(server: FakeServer) -> None:
+    informer = started(server, Recorder())
+    try:
+        lists_before = server.list_pages
+        for _ in range(5):
+            server.next_watch().lines.put(ConnectionResetError("reset"))
+        server.next_watch()
+        assert server.list_pages == lists_before + 1
+    finally:
+        informer.stop()

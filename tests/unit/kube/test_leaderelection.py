@@ -389,3 +389,22 @@ def test_new_leader_callback_reports_holder_changes() -> None:
     clock.advance(15)
     b.try_acquire_or_renew()
     assert seen == ["a", "b"]
+
+
+def test_release_rereads_when_our_last_write_is_newer_than_we_know() -> None:
+    clock, lock = FakeClock(), MemoryLock()
+    started = threading.Event()
+
+    def on_started(stop: threading.Event) -> None:
+        started.set()
+        stop.wait()
+
+    el = elector(lock, "a", clock, lease_duration=20, renew_deadline=10, retry_period=5,
+                 on_started_leading=on_started)
+    el.start()
+    assert started.wait(2)
+    assert lock.record is not None
+    # A renewal of ours landed but its answer was lost (e.g. it completed after the term ended).
+    lock.record = lock.record.with_changes(resource_version="77")
+    assert el.stop(5)
+    assert lock.record.holder_identity == ""
