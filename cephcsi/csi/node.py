@@ -1,0 +1,253 @@
+"""CSI Node service: validates requests, translates protobuf ↔ cephcsi.node domain calls.
+
+Order of checks matters to COs and csi-sanity: required fields first (INVALID_ARGUMENT naming
+the field), then the volume id (an id this driver never issues is NOT_FOUND: the volume does
+not exist), then the volume context and secrets. All storage logic lives in cephcsi.node.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from cephcsi._generated import csi_pb2, csi_pb2_grpc
+from cephcsi.ceph.credentials import Credentials
+from cephcsi.config.clusters import ClusterRegistry
+from cephcsi.csi.capabilities import DEFAULT_FS_TYPE, READ_ONLY_MODES, Mode, check_well_formed, unsupported_reason
+from cephcsi.csi.rpc import ServicerBase, rpc
+from cephcsi.errors import InvalidArgument, NotFound, Unimplemented
+from cephcsi.node.mappers.keys import check_key
+from cephcsi.node.paths import check_path, check_volume_id, nested
+from cephcsi.node.requests import PublishRequest, StageRequest, VolumeAccess
+from cephcsi.node.service import NodeConfig, NodeService
+from cephcsi.node.stage_record import ACCESS_BLOCK, ACCESS_MOUNT, ImageSpec
+from cephcsi.settings import Settings
+from cephcsi.volumes.volume_id import MalformedId, VolumeId
+
+_Rpc = csi_pb2.NodeServiceCapability.RPC
+NODE_CAPABILITIES = (_Rpc.STAGE_UNSTAGE_VOLUME, _Rpc.GET_VOLUME_STATS, _Rpc.VOLUME_CONDITION, _Rpc.SINGLE_NODE_MULTI_WRITER)
+_MOUNT_FLAG = re.compile(r"^[A-Za-z0-9_.:/+=@-]+$")
+# Flags that would change what kind of mount we make rather than how it behaves.
+_FORBIDDEN_FLAGS = {"bind", "rbind", "remount", "move", "make-shared", "make-private"}
+
+# volume_context keys (StorageClass parameters passed through by the controller)
+CTX_CLUSTER_ID = "clusterID"
+CTX_POOL = "pool"
+CTX_IMAGE = "imageName"
+CTX_NAMESPACE = "radosNamespace"
+CTX_MOUNTER = "mounter"
+CTX_MAP_OPTIONS = "mapOptions"
+CTX_UNMAP_OPTIONS = "unmapOptions"
+CTX_MKFS_OPTIONS = "mkfsOptions"
+
+
+class NodeServicer(ServicerBase, csi_pb2_grpc.NodeServicer):
+    service_name = "Node"
+
+    def __init__(self, service: NodeService, clusters: ClusterRegistry, settings: Settings) -> None:
+        self.service = service
+        self.clusters = clusters
+        self.settings = settings
+        self.driver_name = settings.driver_name
+        self.slow_call_seconds = settings.slow_call_seconds
+        self.kubelet_dir = settings.node.kubelet_dir
+
+    @classmethod
+    def from_settings(cls, settings: Settings, clusters: ClusterRegistry) -> NodeServicer:
+        node = settings.node
+        config = NodeConfig(
+            node_id=node.node_id,
+            driver_name=settings.driver_name,
+            kubelet_dir=node.kubelet_dir,
+            state_dir=node.state_dir,
+            mounter=node.mounter,
+            domain_labels=node.domain_labels,
+            max_volumes_per_node=node.max_volumes_per_node,
+            device_timeout=node.device_timeout,
+            command_timeout=node.command_timeout,
+            connect_timeout=settings.ceph.mount_timeout,
+            kubeconfig=settings.sidecars.kubeconfig,
+        )
+        return cls(NodeService(config), clusters, settings)
+
+    # -- staging -----------------------------------------------------------------------------
+
+    @rpc
+    def NodeStageVolume(self, request: csi_pb2.NodeStageVolumeRequest, context: object) -> csi_pb2.NodeStageVolumeResponse:
+        volume_id = check_volume_id(request.volume_id)
+        staging = check_path(request.staging_target_path, "staging_target_path", self.kubelet_dir)
+        access = _access(request, "volume_capability")
+        volume = _decode(volume_id)
+        ctx = request.volume_context
+        pool = _required_context(ctx, CTX_POOL)
+        image = _required_context(ctx, CTX_IMAGE)
+        cluster_id = ctx.get(CTX_CLUSTER_ID) or volume.cluster_id
+        if cluster_id != volume.cluster_id:
+            raise InvalidArgument(
+                f"volume_context clusterID {cluster_id!r} does not match the cluster in volume id {volume_id!r}"
+            )
+        cluster = self.clusters.get(cluster_id)
+        credentials = Credentials.from_secrets(request.secrets)
+        check_key(credentials.key)
+        self.service.stage(
+            StageRequest(
+                volume_id=volume_id,
+                staging_path=staging,
+                cluster_id=cluster_id,
+                monitors=cluster.mon_host,
+                image=ImageSpec(pool=pool, image=image, namespace=ctx.get(CTX_NAMESPACE, cluster.rados_namespace)),
+                credentials=credentials,
+                access=access,
+                mounter=ctx.get(CTX_MOUNTER, ""),
+                map_options=ctx.get(CTX_MAP_OPTIONS, ""),
+                unmap_options=ctx.get(CTX_UNMAP_OPTIONS, ""),
+                mkfs_options=ctx.get(CTX_MKFS_OPTIONS, ""),
+            )
+        )
+        return csi_pb2.NodeStageVolumeResponse()
+
+    @rpc
+    def NodeUnstageVolume(
+        self, request: csi_pb2.NodeUnstageVolumeRequest, context: object
+    ) -> csi_pb2.NodeUnstageVolumeResponse:
+        volume_id = check_volume_id(request.volume_id)
+        staging = check_path(request.staging_target_path, "staging_target_path", self.kubelet_dir)
+        # No id decoding: unstage must clean up whatever the path holds for this id, and an
+        # unknown id on an empty path is simply nothing to do.
+        self.service.unstage(volume_id, staging)
+        return csi_pb2.NodeUnstageVolumeResponse()
+
+    # -- publishing --------------------------------------------------------------------------
+
+    @rpc
+    def NodePublishVolume(
+        self, request: csi_pb2.NodePublishVolumeRequest, context: object
+    ) -> csi_pb2.NodePublishVolumeResponse:
+        volume_id = check_volume_id(request.volume_id)
+        target = check_path(request.target_path, "target_path", self.kubelet_dir)
+        staging = check_path(request.staging_target_path, "staging_target_path", self.kubelet_dir)
+        access = _access(request, "volume_capability")
+        if nested(target, staging):
+            raise InvalidArgument(f"target_path {target} and staging_target_path {staging} must not contain each other")
+        _decode(volume_id)
+        self.service.publish(
+            PublishRequest(
+                volume_id=volume_id, staging_path=staging, target_path=target, access=access, read_only=request.readonly
+            )
+        )
+        return csi_pb2.NodePublishVolumeResponse()
+
+    @rpc
+    def NodeUnpublishVolume(
+        self, request: csi_pb2.NodeUnpublishVolumeRequest, context: object
+    ) -> csi_pb2.NodeUnpublishVolumeResponse:
+        volume_id = check_volume_id(request.volume_id)
+        target = check_path(request.target_path, "target_path", self.kubelet_dir)
+        self.service.unpublish(volume_id, target)
+        return csi_pb2.NodeUnpublishVolumeResponse()
+
+    # -- information -------------------------------------------------------------------------
+
+    @rpc
+    def NodeGetVolumeStats(
+        self, request: csi_pb2.NodeGetVolumeStatsRequest, context: object
+    ) -> csi_pb2.NodeGetVolumeStatsResponse:
+        volume_id = check_volume_id(request.volume_id)
+        if not request.volume_path:
+            raise InvalidArgument("volume_path is required")
+        _decode(volume_id)
+        try:
+            path = check_path(request.volume_path, "volume_path", self.kubelet_dir)
+        except InvalidArgument as error:
+            # A path we would never have staged or published to holds no volume of ours.
+            raise NotFound(f"no volume {volume_id} at {request.volume_path}: {error.message}") from None
+        result = self.service.volume_stats(volume_id, path)
+        response = csi_pb2.NodeGetVolumeStatsResponse(
+            volume_condition=csi_pb2.VolumeCondition(abnormal=result.abnormal, message=result.message)
+        )
+        Unit = csi_pb2.VolumeUsage.Unit
+        if result.total_bytes is not None:
+            response.usage.append(
+                csi_pb2.VolumeUsage(
+                    unit=Unit.BYTES,
+                    total=result.total_bytes,
+                    used=result.used_bytes or 0,
+                    available=result.available_bytes or 0,
+                )
+            )
+        if result.total_inodes is not None:
+            response.usage.append(
+                csi_pb2.VolumeUsage(
+                    unit=Unit.INODES,
+                    total=result.total_inodes,
+                    used=result.used_inodes or 0,
+                    available=result.available_inodes or 0,
+                )
+            )
+        return response
+
+    @rpc
+    def NodeExpandVolume(self, request: csi_pb2.NodeExpandVolumeRequest, context: object) -> csi_pb2.NodeExpandVolumeResponse:
+        raise Unimplemented("NodeExpandVolume is not supported yet (EXPAND_VOLUME is not advertised)")
+
+    @rpc
+    def NodeGetCapabilities(
+        self, request: csi_pb2.NodeGetCapabilitiesRequest, context: object
+    ) -> csi_pb2.NodeGetCapabilitiesResponse:
+        return csi_pb2.NodeGetCapabilitiesResponse(
+            capabilities=[csi_pb2.NodeServiceCapability(rpc=_Rpc(type=kind)) for kind in NODE_CAPABILITIES]
+        )
+
+    @rpc
+    def NodeGetInfo(self, request: csi_pb2.NodeGetInfoRequest, context: object) -> csi_pb2.NodeGetInfoResponse:
+        response = csi_pb2.NodeGetInfoResponse(
+            node_id=self.settings.node.node_id, max_volumes_per_node=max(0, self.settings.node.max_volumes_per_node)
+        )
+        segments = self.service.topology()
+        if segments:
+            response.accessible_topology.CopyFrom(csi_pb2.Topology(segments=segments))
+        return response
+
+
+def _decode(volume_id: str) -> VolumeId:
+    try:
+        return VolumeId.decode(volume_id)
+    except MalformedId as error:
+        raise NotFound(f"volume {volume_id!r} does not exist (not an id this driver issues: {error})") from None
+
+
+def _required_context(context: Mapping[str, str], key: str) -> str:
+    value = context.get(key, "")
+    if not value:
+        raise InvalidArgument(
+            f"volume_context is missing {key} (it is set by this driver's CreateVolume; "
+            "a statically provisioned PV must set it in volumeAttributes)"
+        )
+    return value
+
+
+def _access(
+    request: csi_pb2.NodeStageVolumeRequest | csi_pb2.NodePublishVolumeRequest, field: str
+) -> VolumeAccess:
+    if not request.HasField("volume_capability"):
+        raise InvalidArgument(f"{field} is required")
+    capability = request.volume_capability
+    check_well_formed(capability, field)
+    reason = unsupported_reason(capability)
+    if reason:
+        raise InvalidArgument(f"{field}: {reason}")
+    mode = capability.access_mode.mode
+    read_only = mode in READ_ONLY_MODES
+    single_writer = mode == Mode.SINGLE_NODE_SINGLE_WRITER
+    if capability.HasField("block"):
+        return VolumeAccess(ACCESS_BLOCK, read_only=read_only, single_writer=single_writer)
+    flags = tuple(capability.mount.mount_flags)
+    for flag in flags:
+        if not _MOUNT_FLAG.match(flag) or flag in _FORBIDDEN_FLAGS:
+            raise InvalidArgument(f"{field}.mount.mount_flags: {flag!r} is not an allowed mount option")
+    return VolumeAccess(
+        ACCESS_MOUNT,
+        fs_type=capability.mount.fs_type or DEFAULT_FS_TYPE,
+        mount_flags=flags,
+        read_only=read_only,
+        single_writer=single_writer,
+    )

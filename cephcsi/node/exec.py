@@ -1,0 +1,144 @@
+"""The one place the node plugin runs external commands (rbd, rbd-fuse, losetup, mkfs, mount...).
+
+Every command gets a timeout (a hung `rbd map` or `mount` must become an error, not a stuck
+RPC), runs with `LC_ALL=C` so messages can be matched, and is logged with its argv and duration.
+Secrets never reach argv: keys go to tools through 0600 key files (see
+cephcsi.ceph.credentials.key_file); as a last line of defence `run` refuses argv that carries a
+key inline (`--key`, `--secret`). Output is captured and only a short tail of stderr goes into
+error messages.
+
+Failures map onto cephcsi errors: a missing tool is FAILED_PRECONDITION (the node lacks a
+package), a timeout is DEADLINE_EXCEEDED, a non-zero exit is `CommandFailed` (INTERNAL) which
+callers inspect (`returncode`, `stderr`) to raise something more precise.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from cephcsi.errors import DeadlineExceeded, FailedPrecondition, Internal
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 120.0
+_STDERR_TAIL = 600
+# Ways the Ceph tools accept a key inline; we always use --keyfile instead.
+_INLINE_SECRET_FLAGS = ("--key", "--secret", "--key=", "--secret=")
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class CommandFailed(Internal):
+    """A command exited non-zero; the message names the command and quotes its stderr."""
+
+    def __init__(self, result: Result, what: str) -> None:
+        super().__init__(f"{what} failed: `{shlex.join(result.argv)}` exited {result.returncode}: {tail(result.stderr)}")
+        self.result = result
+
+    @property
+    def returncode(self) -> int:
+        return self.result.returncode
+
+    @property
+    def stderr(self) -> str:
+        return self.result.stderr
+
+
+def tail(text: str, limit: int = _STDERR_TAIL) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def scrub(text: str, secrets: Sequence[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def check_argv(argv: Sequence[str]) -> None:
+    """Refuse argv that would put a secret into /proc/*/cmdline."""
+    for arg in argv:
+        if arg in _INLINE_SECRET_FLAGS[:2] or arg.startswith(_INLINE_SECRET_FLAGS[2:]):
+            raise ValueError(f"refusing to run {argv[0]} with an inline key ({arg.split('=')[0]}); use a key file")
+
+
+class Runner(Protocol):
+    """What mappers, filesystems and mounts need; tests pass a fake that records argv."""
+
+    def __call__(
+        self,
+        argv: Sequence[str],
+        *,
+        what: str,
+        timeout: float | None = None,
+        ok_codes: tuple[int, ...] = (0,),
+        new_session: bool = False,
+        secrets: Sequence[str] = (),
+    ) -> Result: ...
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    what: str,
+    timeout: float | None = None,
+    ok_codes: tuple[int, ...] = (0,),
+    new_session: bool = False,
+    secrets: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> Result:
+    """Run argv and return its result; raise if it exits with a code outside `ok_codes`.
+
+    `what` names the step for error messages ("map image rbd/x", "mount /dev/loop0").
+    `new_session` detaches the child from our process group, so a signal aimed at the plugin's
+    group does not hit a daemon that must outlive it (rbd-fuse before it daemonizes itself).
+    `secrets` are scrubbed from the captured output before it is logged or quoted in an error
+    (Ceph tools echo a malformed key back in "failed to decode key '...'").
+    """
+    check_argv(argv)
+    limit = DEFAULT_TIMEOUT if timeout is None else timeout
+    command = tuple(argv)
+    started = time.monotonic()
+    child_env = {**os.environ, "LC_ALL": "C", **(env or {})}
+    try:
+        completed = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=limit,
+            stdin=subprocess.DEVNULL,
+            env=child_env,
+            start_new_session=new_session,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise FailedPrecondition(f"{what}: {command[0]} is not installed on this node") from None
+    except subprocess.TimeoutExpired:
+        log.warning("command timed out", extra=fields(argv=shlex.join(command), seconds=limit))
+        raise DeadlineExceeded(f"{what}: `{shlex.join(command)}` did not finish within {limit:g}s") from None
+    except OSError as error:
+        raise Internal(f"{what}: cannot run {command[0]}: {error.strerror}") from None
+    result = Result(command, completed.returncode, scrub(completed.stdout, secrets), scrub(completed.stderr, secrets))
+    elapsed_ms = round((time.monotonic() - started) * 1000, 1)
+    log.debug(
+        "command",
+        extra=fields(argv=shlex.join(command), rc=result.returncode, ms=elapsed_ms, stderr=tail(result.stderr, 200)),
+    )
+    if result.returncode not in ok_codes:
+        raise CommandFailed(result, what)
+    return result

@@ -1,0 +1,6 @@
+"""Mappers turn an RBD image into a block device on this node and back.
+
+base.py (the protocol and MapRequest), rbd_cli.py (shared `rbd device` logic), krbd.py,
+nbd.py, fuse.py (rbd-fuse + loop device), select.py (--mounter=auto and per-volume choice),
+options.py (mapOptions/unmapOptions), keys.py (cephx key format check before any tool runs).
+"""

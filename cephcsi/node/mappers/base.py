@@ -1,0 +1,51 @@
+"""What every mapper (krbd, rbd-nbd, fuse) provides: turn an RBD image into a block device on
+this node and back.
+
+Contract:
+  * `map` returns the device path; mapping an image this mapper already mapped for the same
+    record returns the existing device (a retried NodeStageVolume after a crash must not map
+    twice).
+  * `find` re-derives the device from the system when a crash lost it from the record.
+  * `unmap` is idempotent: a device already gone is success.
+  * Keys go to the tools through a 0600 key file that is removed once the tool has connected.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from cephcsi.ceph.credentials import Credentials
+from cephcsi.node.stage_record import ImageSpec, StageRecord
+
+KRBD = "krbd"
+NBD = "rbd-nbd"
+FUSE = "fuse"
+MAPPERS = (KRBD, NBD, FUSE)
+
+
+@dataclass(frozen=True)
+class MapRequest:
+    volume_id: str
+    image: ImageSpec
+    monitors: str
+    """mon_host value: comma-separated monitor addresses."""
+    credentials: Credentials
+    options: list[str] = field(default_factory=list)
+    """Mapper options from mapOptions, already chosen for this mapper."""
+    read_only: bool = False
+    work_dir: str = ""
+    """Mapper-private directory decided before mapping (recorded first, so unstage can find it)."""
+
+
+class Mapper(Protocol):
+    name: str
+
+    def work_dir_for(self, volume_id: str, staging_path: str) -> str:
+        """A private directory for this mapping, or '' when the mapper needs none."""
+        ...
+
+    def map(self, request: MapRequest) -> str: ...
+
+    def find(self, record: StageRecord) -> str | None: ...
+
+    def unmap(self, record: StageRecord) -> None: ...

@@ -1,0 +1,356 @@
+"""fuse: the userspace mapper — rbd-fuse exposes the image as a file, a loop device makes that
+file a block device. For nodes with neither the rbd nor the nbd kernel module; slower than
+krbd (every I/O crosses FUSE and librbd in a daemon).
+
+Per mapping there is a private work directory, 0700, under --state-dir:
+
+    <state-dir>/fuse/<hash of volume id + staging path>/
+        ceph.conf        minimal: mon host, key file, no admin socket, log file, mount timeout
+        cephcsi-key-*    the key, only while rbd-fuse connects; removed right after
+        mnt/             rbd-fuse mount point; the image appears as mnt/<image>
+        rbd-fuse.log     rbd-fuse's Ceph log
+
+DANGER: mnt/<image> IS the image. rbd-fuse implements unlink as rbd_remove, so deleting that
+file deletes the volume in Ceph. Hence the work directories live under --state-dir, never
+under staging or target paths (which the kubelet, csi-sanity or tests may RemoveAll), and this
+module removes only files it names (ceph.conf, key files, the log) and empty directories
+(rmdir) — never a recursive delete.
+
+Restarts: rbd-fuse daemonizes (setsid), so on a host it outlives a restart or SIGKILL of the
+plugin, and so do the loop device and the mounts on it; unstage after the restart finds all of
+it through the stage record, /proc/self/mountinfo and the loop devices' backing files in sysfs
+(what `losetup -j` reads). In a container, rbd-fuse belongs to the container's PID namespace
+and dies with the container: the loop device then fails every I/O (the filesystem on it
+reports errors, NodeGetVolumeStats reports the volume abnormal) until the volume is unstaged
+and staged again; unstage still releases the loop device and the dead FUSE mount. The daemon
+is re-parented to the namespace's init, which must reap it; the plugin does not become a child
+subreaper (that would make it reap processes the subprocess module waits for).
+Loop allocation needs no lock of ours: `losetup --find` retries when another caller takes the
+free device first (checked with 14 concurrent attaches).
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+
+from cephcsi.ceph.credentials import key_file
+from cephcsi.errors import (
+    CephCSIError,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
+from cephcsi.node import mounts
+from cephcsi.node.exec import CommandFailed, Runner, tail
+from cephcsi.node.mappers.base import FUSE, MapRequest
+from cephcsi.node.stage_record import StageRecord
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+FUSE_SUBDIR = "fuse"
+MOUNT_DIR = "mnt"
+CONF_NAME = "ceph.conf"
+LOG_NAME = "rbd-fuse.log"
+KEY_PREFIX = "cephcsi-key-"
+_SYS_BLOCK = "/sys/block"
+_EXIT_WAIT = 10.0
+
+
+def backing_file(work_dir: str, image: str) -> str:
+    return os.path.join(work_dir, MOUNT_DIR, image)
+
+
+def loops_backed_by(path: str, sys_block: str = _SYS_BLOCK) -> list[str]:
+    """Loop devices whose backing file is `path` (what `losetup -j` reports, read from sysfs)."""
+    return [device for device, backing in attached_loops(sys_block) if backing == path]
+
+
+def loops_under(directory: str, sys_block: str = _SYS_BLOCK) -> list[tuple[str, str]]:
+    """(device, backing file) of loop devices backed by a file under `directory`."""
+    prefix = directory.rstrip("/") + "/"
+    return [(device, backing) for device, backing in attached_loops(sys_block) if backing.startswith(prefix)]
+
+
+def attached_loops(sys_block: str = _SYS_BLOCK) -> list[tuple[str, str]]:
+    """(device, backing file) for every attached loop device, from sysfs."""
+    found: list[tuple[str, str]] = []
+    try:
+        names = sorted(os.listdir(sys_block))
+    except OSError:
+        return found
+    for name in names:
+        if not name.startswith("loop"):
+            continue
+        try:
+            with open(os.path.join(sys_block, name, "loop", "backing_file"), encoding="utf-8", errors="replace") as fh:
+                backing = fh.read().rstrip("\n")
+        except OSError:
+            continue  # not attached
+        found.append((f"/dev/{name}", backing.removesuffix(" (deleted)")))
+    return found
+
+
+def fuse_processes(mount_dir: str, proc: str = "/proc") -> list[int]:
+    """Live rbd-fuse processes serving `mount_dir`, matched on their argv (a zombie's argv is
+    empty, so exited ones drop out: they hold neither the image nor the mount)."""
+    pids: list[int] = []
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, entry, "cmdline"), "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]) == b"rbd-fuse" and os.fsencode(mount_dir) in argv:
+            pids.append(int(entry))
+    return pids
+
+
+class FuseMapper:
+    name = FUSE
+
+    def __init__(
+        self,
+        runner: Runner,
+        timeout: float,
+        state_dir: str,
+        connect_timeout: float,
+        wait_for_device: Callable[[str, float], None],
+        device_timeout: float,
+        mounter: mounts.Mounter,
+    ) -> None:
+        self.run = runner
+        self.timeout = timeout
+        self.root = os.path.join(state_dir, FUSE_SUBDIR)
+        self.connect_timeout = connect_timeout
+        self.wait_for_device = wait_for_device
+        self.device_timeout = device_timeout
+        self.mounter = mounter
+
+    def work_dir_for(self, volume_id: str, staging_path: str) -> str:
+        digest = hashlib.sha256(f"{volume_id}\0{staging_path}".encode()).hexdigest()[:24]
+        return os.path.join(self.root, digest)
+
+    # -- map -------------------------------------------------------------------------------
+
+    def map(self, request: MapRequest) -> str:
+        if not request.work_dir:
+            raise Internal("fuse mapper called without a work directory (a bug: record it before mapping)")
+        self._prepare_dirs(request.work_dir)
+        mount_dir = os.path.join(request.work_dir, MOUNT_DIR)
+        backing = backing_file(request.work_dir, request.image.image)
+        if not self._fuse_ready(mount_dir, backing, str(request.image)):
+            self._start_fuse(request, mount_dir, backing)
+        loops = loops_backed_by(backing)
+        if loops:
+            device = loops[0]
+            log.info("loop device already attached", extra=fields(device=device, image=str(request.image)))
+        else:
+            device = self._attach_loop(backing, request)
+        self.wait_for_device(device, self.device_timeout)
+        return device
+
+    def _prepare_dirs(self, work_dir: str) -> None:
+        try:
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            os.makedirs(work_dir, mode=0o700, exist_ok=True)
+            os.chmod(work_dir, 0o700)  # makedirs' mode is masked by umask and skipped when it exists
+            mount_dir = os.path.join(work_dir, MOUNT_DIR)
+            if not mounts.is_mount_point(mount_dir):
+                os.makedirs(mount_dir, mode=0o700, exist_ok=True)
+        except OSError as error:
+            raise Internal(f"cannot create the rbd-fuse work directory {work_dir}: {error.strerror}") from None
+
+    def _fuse_ready(self, mount_dir: str, backing: str, image: str) -> bool:
+        """True when a live rbd-fuse for this image is mounted; cleans up a dead one."""
+        entry = mounts.top_mount(mount_dir)
+        if entry is None:
+            return False
+        state = mounts.probe_path(backing, self.connect_timeout)
+        if state == "ok":
+            return True
+        log.warning("stale rbd-fuse mount, replacing it", extra=fields(path=mount_dir, state=state, image=image))
+        for loop in loops_backed_by(backing):
+            self._detach_loop(loop, backing)
+        self.mounter.unmount(mount_dir)
+        return False
+
+    def _write_conf(self, work_dir: str, monitors: str, keyfile: str) -> str:
+        if any(c in monitors for c in "\n\r"):
+            raise InvalidArgument("monitor addresses in the cluster config contain a line break")
+        conf = os.path.join(work_dir, CONF_NAME)
+        text = (
+            "[global]\n"
+            f"mon host = {monitors}\n"
+            f"keyfile = {keyfile}\n"
+            # One long-lived daemon per volume: a shared admin socket name would collide.
+            "admin socket =\n"
+            f"log file = {os.path.join(work_dir, LOG_NAME)}\n"
+            f"client mount timeout = {self.connect_timeout:g}\n"
+        )
+        tmp = conf + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, text.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, conf)
+        return conf
+
+    def _start_fuse(self, request: MapRequest, mount_dir: str, backing: str) -> None:
+        what = f"start rbd-fuse for {request.image}"
+        with key_file(request.credentials, directory=request.work_dir) as keyfile:
+            conf = self._write_conf(request.work_dir, request.monitors, keyfile)
+            argv = ["rbd-fuse", "-c", conf, "--id", request.credentials.user_id, "-p", request.image.pool]
+            if request.image.namespace:
+                argv.append(f"--namespace={request.image.namespace}")
+            argv += ["-r", request.image.image, mount_dir]
+            try:
+                self.run(
+                    argv,
+                    what=what,
+                    timeout=self.connect_timeout + 10,
+                    new_session=True,
+                    secrets=(request.credentials.key,),
+                )
+            except CommandFailed as error:
+                raise self._translate(error, what) from None
+            # The first request waits for rbd-fuse's FUSE init (its Ceph connection); only then
+            # may the key file go.
+            state = mounts.probe_path(backing, self.connect_timeout + 5)
+        if state == "ok":
+            log.info("rbd-fuse mounted", extra=fields(image=str(request.image), path=mount_dir))
+            return
+        self._stop_fuse(mount_dir)
+        if state == "missing":
+            raise NotFound(f"image {request.image} does not exist (rbd-fuse found no such image in the pool)")
+        raise Unavailable(f"{what}: rbd-fuse did not connect to Ceph ({state}); see {os.path.join(request.work_dir, LOG_NAME)}")
+
+    def _translate(self, error: CommandFailed, what: str) -> CephCSIError:
+        text = error.stderr.lower()
+        if "handle_auth_bad_method" in text or "(13)" in text or "permission denied" in text:
+            return PermissionDenied(f"{what}: Ceph refused the credentials (wrong userID/userKey?): {tail(error.stderr, 300)}")
+        if "timed out" in text or "(110)" in text or "(111)" in text or "failed to fetch mon config" in text:
+            return Unavailable(f"{what}: cannot reach the Ceph monitors: {tail(error.stderr, 300)}")
+        return error
+
+    def _attach_loop(self, backing: str, request: MapRequest) -> str:
+        argv = ["losetup", "--find", "--show", "--direct-io=on"]
+        if request.read_only:
+            argv.append("--read-only")
+        result = self.run([*argv, backing], what=f"attach a loop device to {request.image}", timeout=self.timeout)
+        device = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+        if not device.startswith("/dev/loop"):
+            raise Internal(f"losetup printed no loop device for {request.image} (stdout {result.stdout[:200]!r})")
+        log.info("loop device attached", extra=fields(device=device, image=str(request.image)))
+        return device
+
+    # -- find / unmap ----------------------------------------------------------------------
+
+    def find(self, record: StageRecord) -> str | None:
+        if not record.work_dir:
+            return None
+        loops = loops_backed_by(backing_file(record.work_dir, record.image))
+        return loops[0] if loops else None
+
+    def unmap(self, record: StageRecord) -> None:
+        work_dir = record.work_dir
+        if not work_dir:
+            return
+        if os.path.dirname(work_dir) != self.root:
+            # The record names a directory we would not have made: never clean up outside ours.
+            raise Internal(f"stage record names work dir {work_dir} outside {self.root}; inspect it by hand")
+        mount_dir = os.path.join(work_dir, MOUNT_DIR)
+        # By directory, not by image name: a re-derived record may not know the image.
+        for loop, backing in loops_under(mount_dir):
+            self._detach_loop(loop, backing)
+        self._stop_fuse(mount_dir)
+        self._remove_work_dir(work_dir)
+
+    def _detach_loop(self, device: str, backing: str) -> None:
+        try:
+            self.run(["losetup", "--detach", device], what=f"detach loop device {device}", timeout=self.timeout)
+        except CommandFailed:
+            if self._backing_of(device) != backing:
+                return  # already detached (or the name now belongs to another file: not ours)
+            raise
+        # The kernel defers the detach (autoclear) while something still holds the device open.
+        deadline = time.monotonic() + 5
+        while self._backing_of(device) == backing:
+            if time.monotonic() >= deadline:
+                raise FailedPrecondition(
+                    f"loop device {device} for {backing} is still in use (mounted or open elsewhere); "
+                    "release it and retry"
+                )
+            time.sleep(0.05)
+        log.info("loop device detached", extra=fields(device=device))
+
+    @staticmethod
+    def _backing_of(device: str) -> str | None:
+        name = os.path.basename(device)
+        try:
+            with open(os.path.join(_SYS_BLOCK, name, "loop", "backing_file"), encoding="utf-8", errors="replace") as fh:
+                return fh.read().rstrip("\n").removesuffix(" (deleted)")
+        except OSError:
+            return None
+
+    def _stop_fuse(self, mount_dir: str) -> None:
+        """Unmount rbd-fuse (which makes it close the image and exit) and wait for the exit, so
+        its watch on the image is gone when unstage returns."""
+        self.mounter.unmount(mount_dir)
+        deadline = time.monotonic() + _EXIT_WAIT
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            if sig is not None:
+                # Re-scanned each time: a pid is only signalled while it is still OUR rbd-fuse.
+                for pid in fuse_processes(mount_dir):
+                    log.warning("rbd-fuse did not exit after unmount", extra=fields(pid=pid, path=mount_dir, signal=sig.name))
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
+                deadline = time.monotonic() + 3
+            while fuse_processes(mount_dir) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not fuse_processes(mount_dir):
+                return
+
+    def _remove_work_dir(self, work_dir: str) -> None:
+        """Remove only what we put there; rmdir (never rmtree) keeps any surprise intact."""
+        mount_dir = os.path.join(work_dir, MOUNT_DIR)
+        if mounts.is_mount_point(mount_dir):
+            raise Internal(f"{mount_dir} is still mounted; refusing to remove the work directory")
+        try:
+            names = os.listdir(work_dir)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if name in (CONF_NAME, CONF_NAME + ".tmp", LOG_NAME) or name.startswith(KEY_PREFIX):
+                _unlink(os.path.join(work_dir, name))
+        for path in (mount_dir, work_dir):
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError as error:
+                if error.errno == errno.ENOTEMPTY:
+                    log.warning("work directory not empty, left in place", extra=fields(path=path))
+                    return
+                raise Internal(f"cannot remove {path}: {error.strerror}") from None
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

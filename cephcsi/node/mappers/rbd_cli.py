@@ -1,0 +1,155 @@
+"""Shared logic of the mappers driven by `rbd device map/unmap/list` (krbd and rbd-nbd).
+
+`rbd device list` is the source of truth for what is mapped: a device path from a stage record
+is only used after the listing confirms it still maps the same image, because device names are
+reused (after a reboot /dev/rbd0 may be another volume's device).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+
+from cephcsi.ceph.credentials import key_file
+from cephcsi.errors import CephCSIError, FailedPrecondition, Internal, NotFound, PermissionDenied, Unavailable
+from cephcsi.node.exec import CommandFailed, Runner
+from cephcsi.node.mappers.base import MapRequest
+from cephcsi.node.stage_record import ImageSpec, StageRecord
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+_ERRNO = re.compile(r"\((\d+)\) ")
+
+
+def image_args(image: ImageSpec) -> list[str]:
+    """Explicit --pool/--namespace/--image: no parsing of a spec string with odd names."""
+    args = ["--pool", image.pool]
+    if image.namespace:
+        args += ["--namespace", image.namespace]
+    return args + ["--image", image.image]
+
+
+def translate(error: CommandFailed, what: str, image: ImageSpec) -> CephCSIError:
+    """A failed rbd command → the error class a CO can act on."""
+    text = error.stderr
+    codes = {int(code) for code in _ERRNO.findall(text)}
+    lowered = text.lower()
+    if "failed to load rbd kernel module" in lowered or "failed to find unused device" in lowered:
+        return FailedPrecondition(f"{what}: this node cannot create the device ({error.message}); choose another mounter")
+    if 2 in codes and ("error opening image" in lowered or "does not exist" in lowered or "image not found" in lowered):
+        return NotFound(f"{what}: image {image} does not exist")
+    if codes & {1, 13}:
+        return PermissionDenied(f"{what}: Ceph refused the credentials or their caps: {error.message}")
+    if codes & {110, 111, 113}:
+        return Unavailable(f"{what}: Ceph is unreachable: {error.message}")
+    if 16 in codes:
+        return FailedPrecondition(f"{what}: the device is busy (still mounted or open): {error.message}")
+    return Internal(error.message)
+
+
+class RbdDeviceMapper:
+    """`rbd device map --device-type <type>` with --id/-m/--keyfile; subclasses set the type
+    and default options."""
+
+    name = ""
+    device_type = ""
+
+    def __init__(self, runner: Runner, timeout: float, wait_for_device: Callable[[str, float], None], device_timeout: float) -> None:
+        self.run = runner
+        self.timeout = timeout
+        self.wait_for_device = wait_for_device
+        self.device_timeout = device_timeout
+
+    def work_dir_for(self, volume_id: str, staging_path: str) -> str:
+        return ""
+
+    def map_options(self, request: MapRequest) -> list[str]:
+        return list(request.options)
+
+    def unmap_options(self, record: StageRecord) -> list[str]:
+        return list(record.unmap_options)
+
+    def extra_map_args(self, request: MapRequest) -> list[str]:
+        return []
+
+    def map_argv(self, request: MapRequest, keyfile: str) -> list[str]:
+        argv = ["rbd", "device", "map", "--device-type", self.device_type, *image_args(request.image)]
+        argv += ["--id", request.credentials.user_id, "-m", request.monitors, f"--keyfile={keyfile}"]
+        argv += self.extra_map_args(request)
+        if request.read_only:
+            argv.append("--read-only")
+        options = self.map_options(request)
+        if options:
+            argv += ["--options", ",".join(options)]
+        return argv
+
+    def unmap_argv(self, record: StageRecord, device: str) -> list[str]:
+        argv = ["rbd", "device", "unmap", "--device-type", self.device_type]
+        options = self.unmap_options(record)
+        if options:
+            argv += ["--options", ",".join(options)]
+        return argv + [device]
+
+    def mapped(self) -> list[dict[str, str]]:
+        result = self.run(
+            ["rbd", "device", "list", "--device-type", self.device_type, "--format", "json"],
+            what=f"list {self.name} mappings",
+            timeout=self.timeout,
+        )
+        try:
+            entries = json.loads(result.stdout or "[]")
+        except ValueError:
+            raise Internal(f"`rbd device list` printed something that is not JSON: {result.stdout[:200]!r}") from None
+        return [e for e in entries if isinstance(e, dict)]
+
+    def device_of(self, image: ImageSpec) -> str | None:
+        for entry in self.mapped():
+            if (
+                entry.get("pool") == image.pool
+                and (entry.get("namespace") or "") == image.namespace
+                and entry.get("name") == image.image
+                and entry.get("snap") in (None, "", "-")
+            ):
+                return str(entry.get("device") or "") or None
+        return None
+
+    def find(self, record: StageRecord) -> str | None:
+        return self.device_of(record.image_spec)
+
+    def map(self, request: MapRequest) -> str:
+        existing = self.device_of(request.image)
+        if existing:
+            log.info("image already mapped", extra=fields(image=str(request.image), device=existing, mapper=self.name))
+            return existing
+        what = f"map image {request.image} with {self.name}"
+        with key_file(request.credentials) as keyfile:
+            try:
+                result = self.run(
+                    self.map_argv(request, keyfile), what=what, timeout=self.timeout, secrets=(request.credentials.key,)
+                )
+            except CommandFailed as error:
+                raise translate(error, what, request.image) from None
+        lines = [line.strip() for line in result.stdout.splitlines() if line.strip().startswith("/dev/")]
+        if not lines:
+            raise Internal(f"{what}: rbd printed no device path (stdout {result.stdout[:200]!r})")
+        device = lines[-1]
+        self.wait_for_device(device, self.device_timeout)
+        log.info("mapped", extra=fields(image=str(request.image), device=device, mapper=self.name))
+        return device
+
+    def unmap(self, record: StageRecord) -> None:
+        device = self.find(record)
+        if device is None:
+            return  # already unmapped (or never mapped): nothing of ours to release
+        if record.device and record.device != device:
+            log.warning("recorded device differs from the mapping", extra=fields(recorded=record.device, actual=device))
+        what = f"unmap {device} ({record.image_spec}) with {self.name}"
+        try:
+            self.run(self.unmap_argv(record, device), what=what, timeout=self.timeout)
+        except CommandFailed as error:
+            if self.find(record) is None:
+                return  # someone else unmapped it meanwhile
+            raise translate(error, what, record.image_spec) from None
+        log.info("unmapped", extra=fields(image=str(record.image_spec), device=device, mapper=self.name))

@@ -1,0 +1,155 @@
+"""NodePublishVolume / NodeUnpublishVolume: bind the staged volume to a pod's target path.
+
+Publish creates the target (a directory for Filesystem volumes, an empty file for Block),
+bind-mounts `<staging>/fs` or `<staging>/block` onto it and, for read-only publishes, remounts
+the bind read-only. Several targets of one staged volume are independent binds. Nothing is
+recorded: the mount table is the state (a target is "published" when a bind of the staged
+filesystem or device is mounted on it), which keeps publish restart-safe for free.
+
+Unpublish unmounts whatever is stacked on the target and removes the target if it is an empty
+directory or an empty file — never anything with content: a target that is not a mount point
+yet holds files is reported, not deleted.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Callable
+
+from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal
+from cephcsi.node import mounts, stage_record
+from cephcsi.node.requests import PublishRequest
+from cephcsi.node.stage_record import ACCESS_BLOCK
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+
+class Publisher:
+    def __init__(
+        self,
+        mounter: mounts.Mounter,
+        kubelet_dir: str,
+        read_mounts: Callable[[], list[mounts.MountEntry]] = mounts.read_mounts,
+    ) -> None:
+        self.mounter = mounter
+        self.kubelet_dir = kubelet_dir
+        self.read_mounts = read_mounts
+
+    def publish(self, request: PublishRequest) -> None:
+        record = stage_record.load(request.staging_path)
+        if record is None or record.volume_id != request.volume_id or not record.staged:
+            raise FailedPrecondition(
+                f"volume {request.volume_id} is not staged at {request.staging_path}; call NodeStageVolume first"
+            )
+        if record.access_type != request.access.access_type:
+            raise FailedPrecondition(
+                f"volume {request.volume_id} is staged as {record.access_type} but publish asks for "
+                f"{request.access.access_type}; unstage and stage it with the same capability"
+            )
+        table = self.read_mounts()
+        source = record.mount_path
+        anchor = mounts.top_mount(source, table)
+        if anchor is None:
+            raise FailedPrecondition(
+                f"volume {request.volume_id} is recorded as staged but {source} is not mounted; stage it again"
+            )
+        read_only = request.read_only or request.access.read_only or record.read_only
+        existing = mounts.top_mount(request.target_path, table)
+        if existing is not None:
+            self._check_existing(existing, anchor, read_only, request)
+            return
+        if request.access.single_writer and not read_only:
+            writers = [e.mount_point for e in self._publications(anchor, table) if not e.read_only]
+            if writers:
+                raise FailedPrecondition(
+                    f"volume {request.volume_id} has access mode SINGLE_NODE_SINGLE_WRITER and is already published "
+                    f"read-write at {', '.join(writers)}"
+                )
+        created = self._create_target(request.target_path, record.access_type == ACCESS_BLOCK)
+        try:
+            self.mounter.bind(source, request.target_path, read_only=read_only, options=request.access.mount_flags)
+        except Exception:
+            if created:
+                _remove_target(request.target_path)
+            raise
+        log.info(
+            "published",
+            extra=fields(volume_id=request.volume_id, target=request.target_path, read_only=read_only),
+        )
+
+    @staticmethod
+    def _check_existing(
+        existing: mounts.MountEntry, anchor: mounts.MountEntry, read_only: bool, request: PublishRequest
+    ) -> None:
+        prefix = anchor.root.rstrip("/") + "/"
+        same = (existing.major, existing.minor) == (anchor.major, anchor.minor) and (
+            existing.root == anchor.root or existing.root.startswith(prefix)
+        )
+        if not same:
+            raise AlreadyExists(
+                f"target {request.target_path} already has another mount ({existing.source}); "
+                "unpublish it or pick another target"
+            )
+        if existing.read_only != read_only:
+            raise AlreadyExists(
+                f"volume {request.volume_id} is already published at {request.target_path} "
+                f"{'read-only' if existing.read_only else 'read-write'}; unpublish it to change that"
+            )
+        log.info("already published", extra=fields(volume_id=request.volume_id, target=request.target_path))
+
+    def _publications(self, anchor: mounts.MountEntry, table: list[mounts.MountEntry]) -> list[mounts.MountEntry]:
+        others = mounts.mounts_sharing(anchor, table)
+        staging_root = os.path.dirname(anchor.mount_point).rstrip("/") + "/"
+        others = [e for e in others if not e.mount_point.startswith(staging_root)]
+        if self.kubelet_dir:
+            root = os.path.realpath(self.kubelet_dir).rstrip("/") + "/"
+            others = [e for e in others if e.mount_point.startswith(root)]
+        return others
+
+    @staticmethod
+    def _create_target(path: str, block: bool) -> bool:
+        """Create the target; True when this call created it (so a failed bind removes it)."""
+        try:
+            if block:
+                if os.path.isdir(path):
+                    raise FailedPrecondition(f"target {path} is a directory; a block volume needs a file path")
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
+                os.close(fd)
+            else:
+                if os.path.exists(path) and not os.path.isdir(path):
+                    raise FailedPrecondition(f"target {path} exists and is not a directory")
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                os.mkdir(path, 0o750)
+        except FileExistsError:
+            return False
+        except OSError as error:
+            raise Internal(f"cannot create target {path}: {error.strerror}") from None
+        return True
+
+    def unpublish(self, volume_id: str, target_path: str) -> None:
+        if mounts.path_state(target_path) == "missing" and not mounts.is_mount_point(target_path):
+            return
+        self.mounter.unmount(target_path)
+        _remove_target(target_path)
+        log.info("unpublished", extra=fields(volume_id=volume_id, target=target_path))
+
+
+def _remove_target(path: str) -> None:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.rmdir(path)
+        elif os.path.getsize(path) == 0 or not os.path.isfile(path):
+            os.unlink(path)
+        else:
+            raise FailedPrecondition(f"target {path} is not mounted but holds data; left in place")
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        if error.errno == errno.ENOTEMPTY:
+            raise FailedPrecondition(
+                f"target {path} is not a mount point but is not empty; left in place (move its files away)"
+            ) from None
+        raise Internal(f"cannot remove target {path}: {error.strerror}") from None

@@ -1,0 +1,149 @@
+"""The stage record: what NodeUnstageVolume needs to undo a NodeStageVolume, kept on disk.
+
+Layout of a staging path (the directory the CO passes as staging_target_path):
+
+    <staging>/cephcsi-stage.json   this record
+    <staging>/fs                   Filesystem volumes: the filesystem is mounted here
+    <staging>/block                Block volumes: the device node is bind-mounted onto this file
+
+The volume is mounted on a subdirectory, as ceph-csi does, never on the staging path itself, so
+the record stays visible next to the mount instead of being hidden under it, and the CO's
+staging directory is never a mount point of ours.
+
+The record is rewritten (atomically: temp file, fsync, rename, fsync of the directory) BEFORE
+each step that creates something — mapping a device, starting rbd-fuse, mounting — and after
+each step that learns something (the device path). A crash between any two steps therefore
+leaves a record from which NodeUnstageVolume, or a retried NodeStageVolume, finds what exists
+and finishes or undoes it. It is removed last, after everything it describes is gone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field, fields
+
+from cephcsi.errors import Internal
+
+RECORD_NAME = "cephcsi-stage.json"
+TMP_PREFIX = ".cephcsi-stage-"
+FS_DIR = "fs"
+BLOCK_FILE = "block"
+VERSION = 1
+
+ACCESS_MOUNT = "mount"
+ACCESS_BLOCK = "block"
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    pool: str
+    image: str
+    namespace: str = ""
+
+    def __str__(self) -> str:
+        return "/".join(part for part in (self.pool, self.namespace, self.image) if part)
+
+
+@dataclass
+class StageRecord:
+    volume_id: str
+    staging_path: str
+    cluster_id: str
+    pool: str
+    image: str
+    namespace: str
+    mapper: str
+    """krbd | rbd-nbd | fuse: unstage always uses the mapper that mapped, never a new choice."""
+    access_type: str
+    """mount | block."""
+    fs_type: str = ""
+    read_only: bool = False
+    mount_flags: list[str] = field(default_factory=list)
+    unmap_options: list[str] = field(default_factory=list)
+    work_dir: str = ""
+    """Mapper-private directory (fuse: the rbd-fuse mount and its config), empty for krbd/nbd."""
+    device: str = ""
+    """Block device once mapped; empty while mapping (then re-derived from the system)."""
+    mkfs_started: bool = False
+    """Set before mkfs, after blkid found the device empty: a crash mid-mkfs may redo it."""
+    formatted: bool = False
+    staged: bool = False
+    """All steps done."""
+    version: int = VERSION
+
+    @property
+    def image_spec(self) -> ImageSpec:
+        return ImageSpec(self.pool, self.image, self.namespace)
+
+    @property
+    def mount_path(self) -> str:
+        """Where the volume appears under the staging path (a dir for mount, a file for block)."""
+        return os.path.join(self.staging_path, FS_DIR if self.access_type == ACCESS_MOUNT else BLOCK_FILE)
+
+
+def record_path(staging_path: str) -> str:
+    return os.path.join(staging_path, RECORD_NAME)
+
+
+def load(staging_path: str) -> StageRecord | None:
+    """The record at a staging path, None when there is none. A record we cannot parse is an
+    error, not "nothing staged": guessing could unmap the wrong device or mount over data."""
+    path = record_path(staging_path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return None
+    except (OSError, ValueError) as error:
+        raise Internal(f"stage record {path} is unreadable ({error}); inspect the staging path by hand") from None
+    known = {f.name for f in fields(StageRecord)}
+    if not isinstance(doc, dict) or doc.get("version") != VERSION:
+        raise Internal(f"stage record {path} has an unknown format; inspect the staging path by hand")
+    try:
+        return StageRecord(**{k: v for k, v in doc.items() if k in known})
+    except TypeError as error:
+        raise Internal(f"stage record {path} is incomplete ({error}); inspect the staging path by hand") from None
+
+
+def save(record: StageRecord) -> None:
+    """Atomically replace the record (a reader sees the old or the new one, never a mix)."""
+    directory = record.staging_path
+    data = json.dumps(asdict(record), indent=1, sort_keys=True).encode()
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=".tmp", dir=directory)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, record_path(directory))
+        tmp = ""
+        _fsync_dir(directory)
+    except OSError as error:
+        raise Internal(f"cannot write stage record in {directory}: {error.strerror}") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if tmp:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def remove(staging_path: str) -> None:
+    try:
+        os.unlink(record_path(staging_path))
+    except FileNotFoundError:
+        return
+    _fsync_dir(staging_path)
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

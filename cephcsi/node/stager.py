@@ -1,0 +1,434 @@
+"""NodeStageVolume / NodeUnstageVolume: map the image, make and mount its filesystem (or bind
+its device), and undo all of it — restart-safe through the stage record.
+
+Stage is a sequence of idempotent "ensure" steps (mapped → formatted → mounted), each preceded
+by a record write, so a retried stage after a crash resumes where the crash left off. If a
+stage fails, everything this incomplete stage created is undone (the CO will not call unstage
+after an error it considers final, so leaving a device mapped would leak it); a failed attempt
+to repair an already complete stage only undoes what that attempt itself created.
+
+Unstage trusts nothing blindly: the device in the record is checked against the live system
+(mapper.find), mounts against /proc/self/mountinfo, and if the record is missing the staging
+mounts and the fuse work directory are re-derived from the system. It refuses, with
+FAILED_PRECONDITION, while the volume is still published somewhere under the kubelet dir.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Callable, Mapping
+
+from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument
+from cephcsi.node import devices, filesystems, mounts, stage_record
+from cephcsi.node.exec import Runner
+from cephcsi.node.mappers import options as map_options
+from cephcsi.node.mappers.base import FUSE, KRBD, NBD, Mapper, MapRequest
+from cephcsi.node.mappers.rbd_cli import RbdDeviceMapper
+from cephcsi.node.mappers.select import MapperChoice
+from cephcsi.node.requests import StageRequest
+from cephcsi.node.stage_record import ACCESS_BLOCK, ACCESS_MOUNT, BLOCK_FILE, FS_DIR, StageRecord
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+
+class Stager:
+    def __init__(
+        self,
+        mappers: Mapping[str, Mapper],
+        choice: MapperChoice,
+        mounter: mounts.Mounter,
+        runner: Runner,
+        command_timeout: float,
+        kubelet_dir: str,
+        read_mounts: Callable[[], list[mounts.MountEntry]] = mounts.read_mounts,
+    ) -> None:
+        self.mappers: dict[str, Mapper] = {**mappers, _NO_MAPPER: NoMapper()}
+        self.choice = choice
+        self.mounter = mounter
+        self.run = runner
+        self.timeout = command_timeout
+        self.kubelet_dir = kubelet_dir
+        self.read_mounts = read_mounts
+
+    # -- stage -----------------------------------------------------------------------------
+
+    def stage(self, request: StageRequest) -> None:
+        self._ensure_staging_dir(request.staging_path)
+        record = stage_record.load(request.staging_path)
+        if record is not None:
+            self._check_same_volume(record, request)
+            if record.staged and self._intact(record):
+                log.info("already staged", extra=fields(volume_id=request.volume_id, path=request.staging_path))
+                return
+            complete_before = record.staged
+            log.info("resuming an incomplete stage", extra=fields(volume_id=request.volume_id, mapper=record.mapper))
+        else:
+            record = self._new_record(request)
+            complete_before = False
+        created: list[str] = []
+        try:
+            self._stage_steps(record, request, created)
+        except Exception:
+            self._roll_back(record, created, everything=not complete_before)
+            raise
+        log.info(
+            "staged",
+            extra=fields(volume_id=request.volume_id, image=str(request.image), mapper=record.mapper, device=record.device),
+        )
+
+    def _ensure_staging_dir(self, path: str) -> None:
+        # The CO creates it; being lenient costs nothing and helps manual testing.
+        try:
+            os.makedirs(path, exist_ok=True)
+        except FileExistsError:
+            raise InvalidArgument(f"staging_target_path {path} exists and is not a directory") from None
+        except OSError as error:
+            raise Internal(f"cannot create staging_target_path {path}: {error.strerror}") from None
+
+    @staticmethod
+    def _check_same_volume(record: StageRecord, request: StageRequest) -> None:
+        if record.volume_id != request.volume_id:
+            raise FailedPrecondition(
+                f"staging path {request.staging_path} already holds volume {record.volume_id}; "
+                f"unstage it before staging {request.volume_id} there"
+            )
+        access = request.access
+        differences = []
+        if record.access_type != access.access_type:
+            differences.append(f"access type {record.access_type} vs {access.access_type}")
+        if access.access_type == ACCESS_MOUNT and record.fs_type != access.fs_type:
+            differences.append(f"fsType {record.fs_type} vs {access.fs_type}")
+        if record.read_only != access.read_only:
+            differences.append(f"read-only {record.read_only} vs {access.read_only}")
+        if sorted(record.mount_flags) != sorted(access.mount_flags):
+            differences.append(f"mount flags {record.mount_flags} vs {list(access.mount_flags)}")
+        if differences:
+            raise AlreadyExists(
+                f"volume {request.volume_id} is already staged at {request.staging_path} with a different "
+                f"capability ({'; '.join(differences)}); unstage it first"
+            )
+
+    def _new_record(self, request: StageRequest) -> StageRecord:
+        mapper_name = self.choice.for_volume(request.mounter)
+        mapper = self.mappers[mapper_name]
+        return StageRecord(
+            volume_id=request.volume_id,
+            staging_path=request.staging_path,
+            cluster_id=request.cluster_id,
+            pool=request.image.pool,
+            image=request.image.image,
+            namespace=request.image.namespace,
+            mapper=mapper_name,
+            access_type=request.access.access_type,
+            fs_type=request.access.fs_type if not request.access.block else "",
+            read_only=request.access.read_only,
+            mount_flags=list(request.access.mount_flags),
+            unmap_options=map_options.parse(request.unmap_options, mapper_name, "unmapOptions"),
+            work_dir=mapper.work_dir_for(request.volume_id, request.staging_path),
+        )
+
+    def _stage_steps(self, record: StageRecord, request: StageRequest, created: list[str]) -> None:
+        mapper = self.mappers[record.mapper]
+        options = map_options.parse(request.map_options, record.mapper, "mapOptions")
+        if options and record.mapper == FUSE:
+            log.warning("mapOptions do not apply to the fuse mapper; ignored", extra=fields(options=options))
+            options = []
+        # 1. map (record first: it names the mapper and its work dir, enough to undo a crash mid-map)
+        stage_record.save(record)
+        device = mapper.find(record)
+        if device is None:
+            device = mapper.map(
+                MapRequest(
+                    volume_id=record.volume_id,
+                    image=record.image_spec,
+                    monitors=request.monitors,
+                    credentials=request.credentials,
+                    options=options,
+                    read_only=record.read_only,
+                    work_dir=record.work_dir,
+                )
+            )
+            created.append("map")
+        if record.device != device:
+            record.device = device
+            stage_record.save(record)
+        # 2. filesystem, 3. mount
+        if record.access_type == ACCESS_MOUNT:
+            self._ensure_filesystem(record, request)
+            self._ensure_fs_mount(record, created)
+        else:
+            self._ensure_block_bind(record, created)
+        record.staged = True
+        stage_record.save(record)
+
+    def _ensure_filesystem(self, record: StageRecord, request: StageRequest) -> None:
+        if record.formatted:
+            return
+        if record.read_only:
+            found = filesystems.probe(self.run, record.device, self.timeout)
+            if found.fs_type != record.fs_type:
+                raise FailedPrecondition(
+                    f"read-only volume {record.volume_id} holds {found.fs_type or found.other or 'no filesystem'}, "
+                    f"not {record.fs_type}; a read-only volume is never formatted"
+                )
+        else:
+
+            def mkfs_starting() -> None:
+                record.mkfs_started = True
+                stage_record.save(record)
+
+            filesystems.ensure_filesystem(
+                self.run,
+                record.device,
+                record.fs_type,
+                request.mkfs_options,
+                self.timeout,
+                on_mkfs_start=mkfs_starting,
+                resume_mkfs=record.mkfs_started,
+            )
+        record.formatted = True
+        record.mkfs_started = False
+        stage_record.save(record)
+
+    def _ensure_fs_mount(self, record: StageRecord, created: list[str]) -> None:
+        target = record.mount_path
+        entry = mounts.top_mount(target, self.read_mounts())
+        major, minor = _device_numbers(record.device)
+        if entry is not None:
+            if (entry.major, entry.minor) != (major, minor):
+                raise FailedPrecondition(
+                    f"{target} has a mount of another device ({entry.source}); unmount it by hand, then retry"
+                )
+            return
+        _mkdir(target)
+        options = filesystems.mount_options(record.fs_type, record.mount_flags, record.read_only)
+        self.mounter.mount(record.device, target, record.fs_type, options)
+        created.append("mount")
+
+    def _ensure_block_bind(self, record: StageRecord, created: list[str]) -> None:
+        target = record.mount_path
+        if mounts.is_mount_point(target, self.read_mounts()):
+            if _rdev(target) != _rdev(record.device):
+                raise FailedPrecondition(f"{target} has another device bound to it; unmount it by hand, then retry")
+            return
+        _touch(target)
+        self.mounter.bind(record.device, target, read_only=record.read_only)
+        created.append("mount")
+
+    def _intact(self, record: StageRecord) -> bool:
+        """A complete stage whose mount and mapping are both still there."""
+        entry = mounts.top_mount(record.mount_path, self.read_mounts())
+        if entry is None:
+            return False
+        device = self.mappers[record.mapper].find(record)
+        if device is None:
+            return False
+        if record.access_type == ACCESS_BLOCK:
+            return _rdev(record.mount_path) == _rdev(device)
+        try:
+            return (entry.major, entry.minor) == devices.device_numbers(device)
+        except OSError:
+            return False
+
+    def _roll_back(self, record: StageRecord, created: list[str], everything: bool) -> None:
+        """Undo after a failed stage; failures here are logged, and the record is kept so a
+        later unstage or stage can finish the job."""
+        try:
+            if everything:
+                self._teardown(record)
+                return
+            if "mount" in created:
+                self.mounter.unmount(record.mount_path)
+            if "map" in created:
+                self.mappers[record.mapper].unmap(record)
+        except Exception as error:  # noqa: BLE001 - keep the original error for the caller
+            log.error(
+                "rolling back a failed stage failed; the stage record is kept for unstage",
+                extra=fields(volume_id=record.volume_id, path=record.staging_path, error=str(error)),
+            )
+
+    # -- unstage ---------------------------------------------------------------------------
+
+    def unstage(self, volume_id: str, staging_path: str) -> None:
+        if not os.path.isdir(staging_path):
+            record = self._rederive(volume_id, staging_path)
+            if record is None:
+                return
+        else:
+            record = stage_record.load(staging_path) or self._rederive(volume_id, staging_path)
+            if record is None:
+                _remove_leftovers(staging_path)
+                return
+        if record.volume_id != volume_id:
+            raise FailedPrecondition(
+                f"staging path {staging_path} holds volume {record.volume_id}, not {volume_id}; nothing was unstaged"
+            )
+        self._teardown(record)
+        log.info("unstaged", extra=fields(volume_id=volume_id, path=staging_path, mapper=record.mapper))
+
+    def _teardown(self, record: StageRecord) -> None:
+        table = self.read_mounts()
+        entry = mounts.top_mount(record.mount_path, table)
+        if entry is not None:
+            published = self._publications(entry, table)
+            if published:
+                raise FailedPrecondition(
+                    f"volume {record.volume_id} is still published at {', '.join(published)}; "
+                    "unpublish it there before unstaging"
+                )
+            self.mounter.unmount(record.mount_path)
+        self.mappers[record.mapper].unmap(record)
+        if os.path.isdir(record.staging_path):
+            _remove_leftovers(record.staging_path)
+            stage_record.remove(record.staging_path)
+
+    def _publications(self, anchor: mounts.MountEntry, table: list[mounts.MountEntry]) -> list[str]:
+        others = mounts.mounts_sharing(anchor, table)
+        if self.kubelet_dir:
+            # Only mounts of our namespace under the kubelet dir are publishes; a propagated copy
+            # of the staging mount elsewhere (host bind of the kubelet dir) is not.
+            root = os.path.realpath(self.kubelet_dir).rstrip("/") + "/"
+            others = [e for e in others if e.mount_point.startswith(root)]
+        staging_root = os.path.realpath(os.path.dirname(anchor.mount_point)).rstrip("/") + "/"
+        return [e.mount_point for e in others if not e.mount_point.startswith(staging_root)]
+
+    def _rederive(self, volume_id: str, staging_path: str) -> StageRecord | None:
+        """A stand-in record built from the system when the real one is missing."""
+        table = self.read_mounts()
+        fuse = self.mappers.get(FUSE)
+        work_dir = fuse.work_dir_for(volume_id, staging_path) if fuse is not None else ""
+        for access_type, name in ((ACCESS_MOUNT, FS_DIR), (ACCESS_BLOCK, BLOCK_FILE)):
+            entry = mounts.top_mount(os.path.join(staging_path, name), table)
+            if entry is None:
+                continue
+            device = entry.source if access_type == ACCESS_MOUNT else "/dev" + entry.root
+            record = self._record_for_device(volume_id, staging_path, access_type, device, work_dir)
+            if record is not None:
+                log.warning("stage record missing; re-derived from the mount table", extra=fields(device=device))
+                return record
+        if work_dir and os.path.isdir(work_dir):
+            log.warning("stage record missing; found the fuse work directory", extra=fields(path=work_dir))
+            return self._bare_record(volume_id, staging_path, ACCESS_MOUNT, FUSE, "", work_dir)
+        return None
+
+    def _record_for_device(
+        self, volume_id: str, staging_path: str, access_type: str, device: str, work_dir: str
+    ) -> StageRecord | None:
+        name = os.path.basename(device)
+        if name.startswith("loop") and work_dir:
+            return self._bare_record(volume_id, staging_path, access_type, FUSE, device, work_dir)
+        for mapper_name, prefix in ((KRBD, "rbd"), (NBD, "nbd")):
+            mapper = self.mappers.get(mapper_name)
+            if name.startswith(prefix) and isinstance(mapper, RbdDeviceMapper):
+                for item in mapper.mapped():
+                    if item.get("device") == device:
+                        record = self._bare_record(volume_id, staging_path, access_type, mapper_name, device, "")
+                        record.pool = str(item.get("pool") or "")
+                        record.namespace = str(item.get("namespace") or "")
+                        record.image = str(item.get("name") or "")
+                        return record
+        # Unknown device: unmount only; never unmap something we cannot attribute to this volume.
+        return self._bare_record(volume_id, staging_path, access_type, "", device, "")
+
+    def _bare_record(
+        self, volume_id: str, staging_path: str, access_type: str, mapper: str, device: str, work_dir: str
+    ) -> StageRecord:
+        return StageRecord(
+            volume_id=volume_id,
+            staging_path=staging_path,
+            cluster_id="",
+            pool="",
+            image="",
+            namespace="",
+            mapper=mapper or _NO_MAPPER,
+            access_type=access_type,
+            work_dir=work_dir,
+            device=device,
+        )
+
+
+_NO_MAPPER = "none"
+
+
+class NoMapper:
+    """Stand-in for re-derived mounts whose device we cannot attribute: nothing to unmap."""
+
+    name = _NO_MAPPER
+
+    def work_dir_for(self, volume_id: str, staging_path: str) -> str:
+        return ""
+
+    def map(self, request: MapRequest) -> str:
+        raise Internal("no mapper")
+
+    def find(self, record: StageRecord) -> str | None:
+        return None
+
+    def unmap(self, record: StageRecord) -> None:
+        return None
+
+
+def _device_numbers(device: str) -> tuple[int, int]:
+    try:
+        return devices.device_numbers(device)
+    except OSError as error:
+        raise Internal(f"mapped device {device} disappeared before it could be mounted ({error.strerror}); retry") from None
+
+
+def _rdev(path: str) -> int | None:
+    try:
+        return os.stat(path).st_rdev
+    except OSError:
+        return None
+
+
+def _mkdir(path: str) -> None:
+    try:
+        os.mkdir(path, 0o750)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise FailedPrecondition(f"{path} exists and is not a directory; remove it and retry") from None
+    except OSError as error:
+        raise Internal(f"cannot create mount point {path}: {error.strerror}") from None
+
+
+def _touch(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        os.close(fd)
+    except IsADirectoryError:
+        raise FailedPrecondition(f"{path} exists and is a directory; a block volume needs a file there") from None
+    except OSError as error:
+        raise Internal(f"cannot create bind target {path}: {error.strerror}") from None
+
+
+def _remove_leftovers(staging_path: str) -> None:
+    """Remove our mount point dir/file under the staging path — only when nothing is mounted
+    there, and never recursively (an unmounted fs dir should be empty; if not, keep it) — and
+    temp files of a record write that a crash interrupted."""
+    try:
+        for name in os.listdir(staging_path):
+            if name.startswith(stage_record.TMP_PREFIX) and name.endswith(".tmp"):
+                os.unlink(os.path.join(staging_path, name))
+    except OSError:
+        pass
+    for name in (FS_DIR, BLOCK_FILE):
+        path = os.path.join(staging_path, name)
+        if mounts.is_mount_point(path):
+            raise Internal(f"{path} is still mounted after unmounting; inspect it by hand")
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)
+            elif os.path.isfile(path) and os.path.getsize(path) == 0:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            if error.errno == errno.ENOTEMPTY:
+                raise FailedPrecondition(
+                    f"{path} is not a mount point but is not empty; something wrote into the staging directory "
+                    "while the volume was not mounted. Move the files away and retry"
+                ) from None
+            raise Internal(f"cannot remove {path}: {error.strerror}") from None

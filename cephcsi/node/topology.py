@@ -1,0 +1,82 @@
+"""Topology segments for NodeGetInfo, from the labels of this node's Node object.
+
+With `--domainlabels=topology.kubernetes.io/zone,...` the plugin reports
+`topology.<driver name>/<label suffix>` = the label's value (ceph-csi's keys, e.g.
+`topology.rbd.csi.ceph.com/zone`), so the provisioner can place volumes in the node's domain.
+Labels are read at each NodeGetInfo (the kubelet calls it once per plugin registration), so a
+relabelled node is picked up on the next registration without caching stale values.
+
+The Kubernetes client gets its own Configuration object (in-cluster, or --kubeconfig) instead
+of the library's process-wide default, so this reader cannot disturb other clients in the
+process. Failures to reach the API server are UNAVAILABLE (the kubelet retries registration);
+a missing label is FAILED_PRECONDITION (someone must label the node).
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from cephcsi.errors import FailedPrecondition, Unavailable
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+
+class NodeLabels(Protocol):
+    def labels(self, node_name: str) -> Mapping[str, str]: ...
+
+
+def segment_key(driver_name: str, label: str) -> str:
+    return f"topology.{driver_name}/{label.rsplit('/', 1)[-1]}"
+
+
+def segments(driver_name: str, domain_labels: Sequence[str], labels: Mapping[str, str], node_name: str) -> dict[str, str]:
+    missing = [label for label in domain_labels if not labels.get(label)]
+    if missing:
+        raise FailedPrecondition(
+            f"node {node_name} lacks the topology label(s) {', '.join(missing)} named by --domainlabels; "
+            "label the node (kubectl label node ...) or change --domainlabels"
+        )
+    return {segment_key(driver_name, label): labels[label] for label in domain_labels}
+
+
+class KubeNodeLabels:
+    """Reads a Node's labels through the kubernetes client."""
+
+    def __init__(self, kubeconfig: str = "", timeout: float = 10.0) -> None:
+        self.kubeconfig = kubeconfig
+        self.timeout = timeout
+
+    def _api(self) -> object:
+        from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
+
+        configuration = client.Configuration()
+        try:
+            if self.kubeconfig:
+                config.load_kube_config(config_file=self.kubeconfig, client_configuration=configuration)
+            else:
+                config.load_incluster_config(client_configuration=configuration)
+        except (ConfigException, OSError, ValueError) as error:
+            source = self.kubeconfig or "the in-cluster service account"
+            raise Unavailable(
+                f"cannot read node labels for topology: no usable Kubernetes client config from {source} ({error})"
+            ) from None
+        return client.CoreV1Api(client.ApiClient(configuration))
+
+    def labels(self, node_name: str) -> Mapping[str, str]:
+        from kubernetes.client.exceptions import ApiException
+
+        api = self._api()
+        try:
+            node = api.read_node(node_name, _request_timeout=self.timeout)  # type: ignore[attr-defined]
+        except ApiException as error:
+            raise Unavailable(
+                f"cannot read node labels for topology: the API server answered {error.status} {error.reason} "
+                f"for Node {node_name!r} (check that the node exists and the plugin may get nodes)"
+            ) from None
+        except Exception as error:  # noqa: BLE001 - urllib3/socket errors: the API is unreachable
+            log.warning("reading node labels failed", extra=fields(node=node_name, error=str(error)))
+            raise Unavailable(f"cannot read node labels for topology: the API server is unreachable ({type(error).__name__})") from None
+        return dict(node.metadata.labels or {})
