@@ -13,7 +13,6 @@ from cephcsi._generated import csi_pb2
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.csi.node import NODE_CAPABILITIES, NodeServicer
 from cephcsi.errors import (
-    AlreadyExists,
     CephCSIError,
     FailedPrecondition,
     InvalidArgument,
@@ -247,4 +246,3 @@ def test_service_errors_pass_through(servicer: tuple[NodeServicer, FakeService],
     fake.publish = refuse  # type: ignore[method-assign]
     expect(FailedPrecondition, "not staged", node.NodePublishVolume, csi_pb2.NodePublishVolumeRequest(
         volume_id=VOLUME_ID, staging_target_path=f"{kubelet}/st", target_path=f"{kubelet}/t", volume_capability=mount_cap()))
-    assert AlreadyExists  # imported for parity with the error table
