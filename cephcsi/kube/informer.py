@@ -127,6 +127,12 @@ class HandlerRegistration:
         """Block until has_synced() or timeout; return has_synced()."""
         return self._synced.wait(timeout)
 
+    def mark_synced(self, now: float) -> None:
+        """The informer delivered this handler's initial objects (dispatch thread only)."""
+        if self.resync_period > 0 and self.next_resync is None:
+            self.next_resync = now + self.resync_period
+        self._synced.set()
+
 
 @dataclass(frozen=True)
 class _Note:
@@ -475,11 +481,11 @@ class Informer:
         if note.kind == "synced":
             now = time.monotonic()
             for reg in note.targets:
-                self._mark_synced(reg, now)
+                reg.mark_synced(now)
             self._synced.set()
             return
         if note.kind == "handler_synced":
-            self._mark_synced(note.targets[0], time.monotonic())
+            note.targets[0].mark_synced(time.monotonic())
             return
         for reg in note.targets:
             if reg.removed:
@@ -494,12 +500,6 @@ class Informer:
                     handler.on_delete(note.old, note.unknown)
             except Exception:  # noqa: BLE001 - one bad handler must not stop the others
                 log.exception("informer handler failed", extra={"informer": self.name, "event": note.kind})
-
-    @staticmethod
-    def _mark_synced(reg: HandlerRegistration, now: float) -> None:
-        if reg.resync_period > 0 and reg.next_resync is None:
-            reg.next_resync = now + reg.resync_period
-        reg._synced.set()  # noqa: SLF001 - the registration is this module's own record
 
     def _until_next_resync(self) -> float | None:
         due = [r.next_resync for r in self._registrations if r.next_resync is not None]
