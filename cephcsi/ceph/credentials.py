@@ -62,8 +62,9 @@ def is_cephx_key(key: str) -> bool:
         return False
     if len(raw) < 12:
         return False
+    key_type = int.from_bytes(raw[0:2], "little")
     secret_length = int.from_bytes(raw[10:12], "little")
-    return secret_length > 0 and len(raw) == 12 + secret_length
+    return key_type != 0 and secret_length > 0 and len(raw) == 12 + secret_length
 
 
 @contextmanager

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,6 +114,17 @@ class DriverProcess:
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode
+
+    def cleanup(self) -> None:
+        """Stop the process and remove its work dir — unless something is still mounted under
+        it: removing files through a live rbd-fuse mount would delete the image itself."""
+        self.stop()
+        prefix = self.workdir.rstrip("/") + "/"
+        with open("/proc/self/mountinfo", encoding="utf-8") as handle:
+            mounted = [line.split()[4] for line in handle if line.split()[4].startswith(prefix)]
+        if mounted:
+            raise RuntimeError(f"not removing {self.workdir}: still mounted: {mounted}")
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
     def restart(self) -> DriverProcess:
         self.kill()

@@ -1,8 +1,6 @@
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -23,12 +21,11 @@ def driver(config_file: str) -> Iterator[DriverProcess]:
     try:
         yield process
     finally:
-        process.stop()
-        shutil.rmtree(process.workdir, ignore_errors=True)
+        process.cleanup()
 
 
 @pytest.fixture
-def fresh_driver(config_file: str) -> Iterator[callable]:
+def fresh_driver(config_file: str) -> Iterator[Callable[..., DriverProcess]]:
     """Factory for drivers a test may kill; all are stopped afterwards."""
     started: list[DriverProcess] = []
 
@@ -39,6 +36,4 @@ def fresh_driver(config_file: str) -> Iterator[callable]:
 
     yield make
     for process in started:
-        process.stop()
-        if os.path.isdir(process.workdir):
-            shutil.rmtree(process.workdir, ignore_errors=True)
+        process.cleanup()

@@ -107,16 +107,16 @@ def sanity_config(ceph_cluster: CephTestCluster, tmp_path_factory: pytest.TempPa
 
 
 def _driver(config: str, extra: list[str]) -> DriverProcess:
-    state = tempfile.mkdtemp(prefix="st-", dir="/tmp")
-    return DriverProcess(config, mode="all", args=[
-        "--nodeid=sanity-node", "--kubelet-dir=", f"--state-dir={state}", "--log-level=info", *extra])
+    driver = DriverProcess(config, mode="all")
+    driver.args = ["--nodeid=sanity-node", "--kubelet-dir=", f"--state-dir={driver.workdir}/state", "--log-level=info", *extra]
+    return driver
 
 
 @pytest.fixture(scope="module")
 def sanity_driver(sanity_config: str) -> Iterator[DriverProcess]:
     driver = _driver(sanity_config, []).start()
     yield driver
-    driver.stop()
+    driver.cleanup()
 
 
 @pytest.mark.parametrize("access_type", ["mount", "block"])
@@ -129,11 +129,13 @@ def test_csi_sanity(sanity_driver: DriverProcess, ceph_cluster: CephTestCluster,
 
 
 def test_csi_sanity_with_a_separate_controller_socket(sanity_config: str, ceph_cluster: CephTestCluster) -> None:
-    controller_socket = os.path.join(tempfile.mkdtemp(prefix="cs-", dir="/tmp"), "controller.sock")
-    driver = _driver(sanity_config, [f"--controllerendpoint=unix://{controller_socket}"]).start()
+    driver = _driver(sanity_config, [])
+    controller_socket = os.path.join(driver.workdir, "controller.sock")
+    driver.args = [*driver.args, f"--controllerendpoint=unix://{controller_socket}"]
+    driver.start()
     try:
         result = _run_sanity(driver, ceph_cluster, "mount", controller_endpoint=f"unix://{controller_socket}")
     finally:
-        driver.stop()
+        driver.cleanup()
     assert not result.failed, f"failed specs: {result.failed}\n{result.output}"
     assert result.passed >= EXPECTED_PASSED["mount"]

@@ -6,7 +6,7 @@ import struct
 import pytest
 
 from cephcsi.errors import FailedPrecondition, InvalidArgument, Unavailable
-from cephcsi.node.mappers.keys import check_key
+from cephcsi.ceph.credentials import Credentials
 from cephcsi.node.topology import KubeNodeLabels, segment_key, segments
 
 pytestmark = pytest.mark.unit
@@ -17,14 +17,14 @@ def _key(secret_len: int = 16, key_type: int = 1) -> str:
 
 
 def test_well_formed_keys_pass() -> None:
-    check_key(_key())
-    check_key(_key(32))
+    Credentials.from_secrets({"userID": "csi", "userKey": _key()})
+    Credentials.from_secrets({"userID": "csi", "userKey": _key(32)})
 
 
 @pytest.mark.parametrize("key", ["not base64!", "AQBfakefakefakefakefakefakefakefakefake==", "QUJD", _key(key_type=0)])
 def test_malformed_keys_are_refused_without_echoing_them(key: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
-        check_key(key)
+        Credentials.from_secrets({"userID": "csi", "userKey": key})
     assert key not in caught.value.message
 
 
