@@ -1,0 +1,135 @@
+"""The API writes and live reads the embedded sidecars make, each one call with one job.
+
+Everything else is read from the informer caches. Live reads are used only right before a
+destructive or identity-changing step (deleting a volume, adopting an existing PV), where a
+cache a moment behind could be wrong. Finalizers are added and removed with strategic-merge
+patches (no resourceVersion): they cannot conflict with the PV controller's concurrent updates
+of the same claim, and they never drop somebody else's finalizer. Failures are translated into
+cephcsi.errors (apierrors.translate), so work items fail with messages naming the call.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from kubernetes import client as k8s
+
+from cephcsi.errors import CephCSIError, NotFound
+from cephcsi.kube import apierrors
+from cephcsi.sidecars.objects import KubeObject
+
+
+class KubeApi:
+    def __init__(self, api_client: k8s.ApiClient) -> None:
+        self._core = k8s.CoreV1Api(api_client)
+        self._storage = k8s.StorageV1Api(api_client)
+
+    # ---- reads ---------------------------------------------------------------------------------
+
+    def read_secret(self, namespace: str, name: str) -> dict[str, str]:
+        """The Secret's data, decoded. The values are secrets: never log them."""
+        body = self._call(f'get secret "{namespace}/{name}"',
+                          lambda: self._core.read_namespaced_secret(name, namespace, _preload_content=False))
+        data = body.get("data") or {}
+        values = {k: base64.b64decode(v).decode() for k, v in data.items()}
+        values.update(body.get("stringData") or {})
+        return values
+
+    def get_pv(self, name: str) -> KubeObject | None:
+        return self._optional(f'get PersistentVolume "{name}"',
+                              lambda: self._core.read_persistent_volume(name, _preload_content=False))
+
+    def get_pvc(self, namespace: str, name: str) -> KubeObject | None:
+        return self._optional(f'get PersistentVolumeClaim "{namespace}/{name}"',
+                              lambda: self._core.read_namespaced_persistent_volume_claim(
+                                  name, namespace, _preload_content=False))
+
+    # ---- PersistentVolumes ---------------------------------------------------------------------------
+
+    def create_pv(self, body: KubeObject) -> KubeObject | None:
+        """Create the PV; None when a PV of that name exists already (the caller adopts it)."""
+        name = body["metadata"]["name"]
+        try:
+            response = self._core.create_persistent_volume(body, _preload_content=False)
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if apierrors.is_already_exists(exc) or apierrors.is_conflict(exc):
+                return None
+            raise apierrors.translate(exc, f'create PersistentVolume "{name}"') from exc
+        return _decode(response)
+
+    def delete_pv(self, name: str) -> None:
+        """Delete the PV (a PV already gone counts as deleted)."""
+        self._optional(f'delete PersistentVolume "{name}"',
+                       lambda: self._core.delete_persistent_volume(name, _preload_content=False))
+
+    def add_pv_finalizer(self, name: str, finalizer: str) -> None:
+        self._optional(f'add finalizer to PersistentVolume "{name}"',
+                       lambda: self._core.patch_persistent_volume(
+                           name, {"metadata": {"finalizers": [finalizer]}}, _preload_content=False))
+
+    def remove_pv_finalizer(self, name: str, finalizer: str) -> None:
+        self._optional(f'remove finalizer from PersistentVolume "{name}"',
+                       lambda: self._core.patch_persistent_volume(
+                           name, _remove_finalizer(finalizer), _preload_content=False))
+
+    # ---- PersistentVolumeClaims --------------------------------------------------------------------
+
+    def add_pvc_finalizer(self, namespace: str, name: str, finalizer: str) -> KubeObject:
+        """Add the finalizer; the claim as the API server now has it. Fails (InvalidArgument)
+        for a claim already being deleted: the API refuses new finalizers then."""
+        return self._call(f'add finalizer to PersistentVolumeClaim "{namespace}/{name}"',
+                          lambda: self._core.patch_namespaced_persistent_volume_claim(
+                              name, namespace, {"metadata": {"finalizers": [finalizer]}}, _preload_content=False))
+
+    def remove_pvc_finalizer(self, namespace: str, name: str, finalizer: str) -> None:
+        self._optional(f'remove finalizer from PersistentVolumeClaim "{namespace}/{name}"',
+                       lambda: self._core.patch_namespaced_persistent_volume_claim(
+                           name, namespace, _remove_finalizer(finalizer), _preload_content=False))
+
+    def remove_pvc_annotation(self, namespace: str, name: str, annotation: str) -> None:
+        self._optional(f'remove annotation {annotation} from PersistentVolumeClaim "{namespace}/{name}"',
+                       lambda: self._core.patch_namespaced_persistent_volume_claim(
+                           name, namespace, {"metadata": {"annotations": {annotation: None}}}, _preload_content=False))
+
+    # ---- VolumeAttachments -------------------------------------------------------------------------
+
+    def mark_attached(self, name: str, metadata: dict[str, str] | None = None) -> None:
+        """Patch the status subresource: attached=true (external-attacher's markAsAttached)."""
+        status: dict[str, Any] = {"attached": True, "attachError": None}
+        if metadata:
+            status["attachmentMetadata"] = metadata
+        self._call(f'mark VolumeAttachment "{name}" attached',
+                   lambda: self._storage.patch_volume_attachment_status(
+                       name, {"status": status}, _preload_content=False))
+
+    # ---- helpers -----------------------------------------------------------------------------------
+
+    def _call(self, what: str, call: Any) -> KubeObject:
+        try:
+            return _decode(call())
+        except CephCSIError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every client failure is translated
+            raise apierrors.translate(exc, what) from exc
+
+    def _optional(self, what: str, call: Any) -> KubeObject | None:
+        try:
+            return self._call(what, call)
+        except NotFound:
+            return None
+
+
+def _remove_finalizer(finalizer: str) -> dict[str, Any]:
+    # Strategic merge: ObjectMeta.finalizers is a merge list of strings.
+    return {"metadata": {"$deleteFromPrimitiveList/finalizers": [finalizer]}}
+
+
+def _decode(response: Any) -> KubeObject:
+    try:
+        data = response.data
+    finally:
+        release = getattr(response, "release_conn", None)
+        if release is not None:
+            release()
+    return json.loads(data) if data else {}

@@ -1,0 +1,63 @@
+"""How a VolumeAttachment is attached, chosen from the controller's capabilities.
+
+Without PUBLISH_UNPUBLISH_VOLUME (the rbd case: the node plugin maps the image itself) attaching
+is bookkeeping only, and external-attacher's trivial handler is the whole job: merge-patch the
+status subresource to `attached: true` (clearing attachError), add no finalizer, and treat the
+deletion of the VolumeAttachment as the completed detach. A driver that does advertise
+PUBLISH_UNPUBLISH_VOLUME needs the real handler (finalizers on the VolumeAttachment and PV,
+ControllerPublish/Unpublish, attachmentMetadata, attachError/detachError); it plugs in here as
+another `AttachStrategy`, which this driver does not need yet.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Protocol
+
+from cephcsi._generated import csi_pb2
+from cephcsi.errors import Unimplemented
+from cephcsi.observability.logging import fields
+from cephcsi.sidecars import objects
+from cephcsi.sidecars.api import KubeApi
+from cephcsi.sidecars.objects import KubeObject
+
+log = logging.getLogger(__name__)
+
+_RPC = csi_pb2.ControllerServiceCapability.RPC
+
+
+class AttachStrategy(Protocol):
+    name: str
+
+    def sync(self, attachment: KubeObject) -> None:
+        """Bring one VolumeAttachment of this driver to its desired state; raise to retry."""
+        ...
+
+
+class TrivialAttach:
+    """external-attacher's trivialHandler."""
+
+    name = "trivial"
+
+    def __init__(self, api: KubeApi) -> None:
+        self.api = api
+
+    def sync(self, attachment: KubeObject) -> None:
+        if objects.deleting(attachment):
+            return  # nothing to undo: detach completes when the object is gone
+        if objects.status(attachment).get("attached"):
+            return
+        self.api.mark_attached(objects.name(attachment))
+        log.info("VolumeAttachment marked attached", extra=fields(
+            attachment=objects.name(attachment), node=objects.spec(attachment).get("nodeName"),
+            pv=(objects.spec(attachment).get("source") or {}).get("persistentVolumeName")))
+
+
+def choose(capabilities: Iterable[csi_pb2.ControllerServiceCapability], api: KubeApi) -> AttachStrategy:
+    types = {c.rpc.type for c in capabilities if c.HasField("rpc")}
+    if _RPC.PUBLISH_UNPUBLISH_VOLUME in types:
+        raise Unimplemented(
+            "the controller advertises PUBLISH_UNPUBLISH_VOLUME but the embedded attacher implements only the "
+            "trivial (no ControllerPublish) handler; run without --sidecars=attacher or add the publishing strategy"
+        )
+    return TrivialAttach(api)

@@ -1,0 +1,124 @@
+"""In-process CSI calls with --timeout, and a record of which volume names have a call running.
+
+The provisioner calls the Controller servicer in-process. A Python call cannot be cancelled
+once it is inside librados, so --timeout is applied the only honest way: the call runs on a
+pool thread and the caller waits at most `timeout`; on expiry the caller gets DEADLINE_EXCEEDED
+(external-provisioner's class for a timed-out call: retry later) while the call itself goes on.
+It cannot go on for long: every Ceph operation is bounded by rados_osd_op_timeout /
+rados_mon_op_timeout / client_mount_timeout (cephcsi.ceph.connection), so a call ends after at
+most a few of those even with Ceph unreachable. This is what fixes weakness #1 (a hung first
+call and endless ABORTED retries): a retry of the same call on the same name does not start a
+second call that would hit the per-name lock; it waits for the one already running and takes
+its result.
+
+`busy(name)` tells whether any call on a volume name is running, so a clean-up DeleteVolume is
+never started while a CreateVolume for the same name is still in flight in this process
+(that pair could otherwise leave an image without a journal entry). `drain` waits for every
+running call: leader-only loops call it before reporting themselves stopped, so a new leader
+never races a call left over from the old one (if it cannot finish before the fence deadline,
+the leader elector exits the process, which ends the call).
+"""
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import TypeVar
+
+import grpc
+
+from cephcsi.errors import CephCSIError, DeadlineExceeded, OperationInFlight
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_SLICE = 0.1
+
+
+class Stopping(CephCSIError):
+    """The loop is stopping (leadership lost or shutdown); the work item is retried later."""
+
+    code = grpc.StatusCode.CANCELLED
+
+
+class CsiCalls:
+    def __init__(self, max_workers: int, timeout: float) -> None:
+        self.timeout = timeout
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="csi-call")
+        # Re-entrant: a call that finishes before add_done_callback runs its callback at once,
+        # in the thread that holds the lock.
+        self._lock = threading.RLock()
+        self._running: dict[str, tuple[str, Future[object]]] = {}
+
+    def busy(self, name: str) -> bool:
+        with self._lock:
+            running = self._running.get(name)
+            return running is not None and not running[1].done()
+
+    def running(self) -> int:
+        with self._lock:
+            return sum(1 for _m, f in self._running.values() if not f.done())
+
+    def run(self, method: str, name: str, call: Callable[[], T], stop: threading.Event | None = None) -> T:
+        """Run `call` (method `method` on volume `name`) and wait up to the timeout; attach to
+        a running call of the same method and name instead of starting another."""
+        if stop is not None and stop.is_set():
+            # A stopped term must not start Ceph work a new leader could race with.
+            raise Stopping(f"{method} for {name}: loop stopping; not started")
+        with self._lock:
+            running = self._running.get(name)
+            if running is not None and running[1].done():
+                running = None  # finished; its done-callback has not removed it yet
+            if running is not None and running[0] != method:
+                raise OperationInFlight(f"{running[0]} for {name} is still running; {method} waits for it")
+            if running is None:
+                context = contextvars.copy_context()  # the work item's request id follows the call
+                future: Future[object] = self._pool.submit(context.run, call)
+                self._running[name] = (method, future)
+                future.add_done_callback(functools.partial(self._finished, name))
+            else:
+                future = running[1]
+                log.info("joining a call still running from an earlier attempt", extra=fields(method=method, name=name))
+        return self._wait(method, name, future, stop)  # type: ignore[return-value]
+
+    def _wait(self, method: str, name: str, future: Future[object], stop: threading.Event | None) -> object:
+        deadline = time.monotonic() + self.timeout
+        while not future.done():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeadlineExceeded(
+                    f"{method} for {name} did not finish within {self.timeout:g}s (--timeout); it continues in the "
+                    "background, bounded by the Ceph op timeouts, and the next attempt takes its result"
+                )
+            if stop is not None and stop.is_set():
+                raise Stopping(f"{method} for {name}: loop stopping; the call finishes in the background")
+            wait([future], timeout=min(_SLICE, remaining))
+        return future.result()  # raises what the call raised
+
+    def _finished(self, name: str, future: Future[object]) -> None:
+        with self._lock:
+            running = self._running.get(name)
+            if running is not None and running[1] is future:
+                del self._running[name]
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until no call is running; False if some still are after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                futures = [f for _m, f in self._running.values() if not f.done()]
+            if not futures:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            wait(futures, timeout=min(remaining, _SLICE))
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+

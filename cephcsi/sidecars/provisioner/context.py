@@ -1,0 +1,48 @@
+"""What the provisioner's workers share: caches, API, event recorder, the CSI servicers, options."""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+from cephcsi.csi.controller import ControllerServicer
+from cephcsi.kube.events import EventRecorder
+from cephcsi.kube.informer import Informer
+from cephcsi.sidecars import objects
+from cephcsi.sidecars.api import KubeApi
+from cephcsi.sidecars.calls import CsiCalls
+from cephcsi.sidecars.objects import KubeObject
+from cephcsi.sidecars.provisioner.pvspec import PVOptions
+from cephcsi.sidecars.provisioner.request import RequestOptions
+
+
+def provisioner_identity(driver_name: str) -> str:
+    """external-provisioner's per-process identity: `<ms since epoch>-<0..9999>-<driver>`."""
+    return f"{int(time.time() * 1000)}-{random.randint(0, 9999)}-{driver_name}"
+
+
+@dataclass
+class ProvisionerContext:
+    driver_name: str
+    claims: Informer
+    volumes: Informer
+    classes: Informer
+    attachments: Informer
+    api: KubeApi
+    events: EventRecorder
+    controller: ControllerServicer
+    calls: CsiCalls
+    request_options: RequestOptions
+    pv_options: PVOptions
+    nodes: Informer | None = None
+    """Only with topology."""
+    csinodes: Informer | None = None
+    """Only with topology."""
+
+    def storage_class(self, name: str) -> KubeObject | None:
+        return self.classes.get(name) if name else None
+
+    def claim_by_uid(self, key: str, uid: str) -> KubeObject | None:
+        """The cached claim at `key` if it is still the incarnation with `uid`."""
+        claim = self.claims.get(key)
+        return claim if claim is not None and objects.uid(claim) == uid else None

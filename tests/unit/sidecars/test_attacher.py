@@ -1,0 +1,43 @@
+"""The attacher's strategy choice and the trivial handler."""
+from __future__ import annotations
+
+import pytest
+
+from cephcsi._generated import csi_pb2
+from cephcsi.errors import Unimplemented
+from cephcsi.sidecars.attacher.strategy import TrivialAttach, choose
+from tests.unit.sidecars.fixtures import FakeApi
+
+pytestmark = pytest.mark.unit
+
+_RPC = csi_pb2.ControllerServiceCapability.RPC
+
+
+def cap(kind: csi_pb2.ControllerServiceCapability.RPC.Type) -> csi_pb2.ControllerServiceCapability:
+    return csi_pb2.ControllerServiceCapability(rpc=_RPC(type=kind))
+
+
+def va(attached: bool = False, deleting: bool = False) -> dict:
+    meta: dict = {"name": "csi-abc"}
+    if deleting:
+        meta["deletionTimestamp"] = "2030-01-01T00:00:00Z"
+    return {"metadata": meta, "spec": {"attacher": "rbd.csi.ceph.com", "nodeName": "n1",
+                                       "source": {"persistentVolumeName": "pvc-1"}}, "status": {"attached": attached}}
+
+
+def test_no_publish_capability_means_trivial() -> None:
+    assert isinstance(choose([cap(_RPC.CREATE_DELETE_VOLUME)], FakeApi()), TrivialAttach)  # type: ignore[arg-type]
+
+
+def test_publish_capability_is_not_silently_ignored() -> None:
+    with pytest.raises(Unimplemented, match="PUBLISH_UNPUBLISH_VOLUME"):
+        choose([cap(_RPC.PUBLISH_UNPUBLISH_VOLUME)], FakeApi())  # type: ignore[arg-type]
+
+
+def test_trivial_marks_attached_once() -> None:
+    api = FakeApi()
+    handler = TrivialAttach(api)  # type: ignore[arg-type]
+    handler.sync(va())
+    handler.sync(va(attached=True))
+    handler.sync(va(deleting=True))
+    assert api.names() == ["mark_attached"]
