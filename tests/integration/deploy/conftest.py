@@ -65,10 +65,10 @@ def deploy_namespace(admin_applier: Applier) -> Iterator[str]:
     objects cannot even be dry-run into a namespace that does not exist)."""
     namespace = m.find(m.render(), "Namespace")
     admin_applier.apply(namespace, dry_run=False)
+    # Left in place: without kube-controller-manager's namespace controller a deleted namespace
+    # stays Terminating for the rest of the session, and other test packages install the same
+    # deploy/ RBAC into it (the fixtures below remove what they created instead).
     yield namespace["metadata"]["name"]
-    # Without kube-controller-manager's namespace controller the namespace stays Terminating;
-    # that is harmless for the rest of the session (nothing else uses this name).
-    admin_applier.delete(namespace)
 
 
 @pytest.fixture(scope="package")
@@ -80,6 +80,4 @@ def installed_rbac(admin_applier: Applier, deploy_namespace: str) -> Iterator[li
         admin_applier.apply(obj, dry_run=False)
     yield objects
     for obj in reversed(objects):
-        # Cluster-scoped grants must not outlive the tests; namespaced ones go with the namespace.
-        if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
-            admin_applier.delete(obj)
+        admin_applier.delete(obj)
