@@ -70,7 +70,7 @@ class ThrottledApiClient(k8s.ApiClient):  # type: ignore[misc]
         waited = self.limiter.take()
         CLIENT_THROTTLE.labels(method).observe(waited)
         if waited > 1.0:
-            log.debug("client rate limiter delayed a request", extra={"method": method, "waited": waited})
+            log.debug("client rate limiter delayed a request", extra={"fields": {"method": method, "waited": waited}})
         timeout = self._normalize_timeout(_request_timeout)
         try:
             response = super().request(

@@ -244,10 +244,10 @@ class EventRecorder:
                 self._done_one()
                 EVENTS_DROPPED.labels("queue_full").inc()
                 log.warning("event queue full; event dropped",
-                            extra={"reason": reason, "object": f"{request.ref.kind} {request.ref.name}"})
+                            extra={"fields": {"reason": reason, "object": f"{request.ref.kind} {request.ref.name}"}})
         except Exception:  # noqa: BLE001 - recording an event must never break the caller
             EVENTS_DROPPED.labels("invalid").inc()
-            log.exception("event not recorded", extra={"reason": reason})
+            log.exception("event not recorded", extra={"fields": {"reason": reason}})
 
     def flush(self, timeout: float) -> bool:
         """Wait until every queued event was written (or dropped); False on timeout."""
@@ -284,7 +284,7 @@ class EventRecorder:
             try:
                 self._write(request)
             except Exception:  # noqa: BLE001 - keep the writer alive
-                log.exception("event writer failed", extra={"reason": request.reason})
+                log.exception("event writer failed", extra={"fields": {"reason": request.reason}})
             finally:
                 self._done_one()
 
@@ -297,7 +297,7 @@ class EventRecorder:
         decision = self._correlator.decide(request.ref, request.event_type, request.reason, request.message)
         if decision.action == "drop":
             EVENTS_DROPPED.labels("spam_filter").inc()
-            log.debug("event dropped by the per-object spam filter", extra={"reason": request.reason})
+            log.debug("event dropped by the per-object spam filter", extra={"fields": {"reason": request.reason}})
             return
         if decision.action == "patch":
             try:
@@ -323,8 +323,8 @@ class EventRecorder:
     def _failed(self, decision: Decision, request: _Request, exc: BaseException) -> None:
         self._correlator.forget(decision.key)
         EVENTS_DROPPED.labels("api_error").inc()
-        log.warning("event not written", extra={"reason": request.reason, "error": repr(exc),
-                                                "object": f"{request.ref.kind} {request.ref.name}"})
+        log.warning("event not written", extra={"fields": {"reason": request.reason, "error": repr(exc),
+                                                "object": f"{request.ref.kind} {request.ref.name}"}})
 
     def _with_retries(self, call: Any) -> None:
         for attempt in range(1, self.settings.attempts + 1):

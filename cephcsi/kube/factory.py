@@ -99,7 +99,7 @@ class InformerFactory:
         deadline = time.monotonic() + timeout
         for informer in self.informers():
             if not informer.wait_for_sync(max(0.0, deadline - time.monotonic())):
-                log.warning("informer did not sync in time", extra={"informer": informer.name, "timeout": timeout})
+                log.warning("informer did not sync in time", extra={"fields": {"informer": informer.name, "timeout": timeout}})
                 return False
         return True
 

@@ -303,8 +303,8 @@ class Informer:
                 if self._stop.is_set():
                     break
                 delay = self._backoff.next_delay()
-                log.warning("list failed; retrying", extra={
-                    "informer": self.name, "error": repr(exc), "retry_in": round(delay, 2)})
+                log.warning("list failed; retrying", extra={"fields": {
+                    "informer": self.name, "error": repr(exc), "retry_in": round(delay, 2)}})
                 self._stop.wait(delay)
                 continue
             self._watch_until_relist(rv)
@@ -351,9 +351,9 @@ class Informer:
                 self._notes.put(_Note("synced", targets))
         self._last_rv = rv
         INFORMER_ITEMS.labels(self.name).set(len(self._store))
-        log.info("listed", extra={"informer": self.name, "items": len(items), "resource_version": rv,
+        log.info("listed", extra={"fields": {"informer": self.name, "items": len(items), "resource_version": rv,
                                   "added": len(result.added), "updated": len(result.updated),
-                                  "deleted": len(result.deleted)})
+                                  "deleted": len(result.deleted)}})
         return rv
 
     def _watch_until_relist(self, rv: str) -> None:
@@ -367,7 +367,7 @@ class Informer:
             except _Expired:
                 INFORMER_WATCH_ERRORS.labels(self.name, "expired").inc()
                 log.info("watch resourceVersion expired; relisting",
-                         extra={"informer": self.name, "resource_version": rv})
+                         extra={"fields": {"informer": self.name, "resource_version": rv}})
                 return
             except Exception as exc:  # noqa: BLE001 - classified below
                 if self._stop.is_set():
@@ -378,9 +378,9 @@ class Informer:
                 reason = _error_reason(exc)
                 INFORMER_WATCH_ERRORS.labels(self.name, reason).inc()
                 delay = self._backoff.next_delay()
-                log.warning("watch failed; %s", "resuming" if resume else "relisting", extra={
+                log.warning("watch failed; %s", "resuming" if resume else "relisting", extra={"fields": {
                     "informer": self.name, "error": repr(exc), "reason": reason,
-                    "retry_in": round(delay, 2), "resource_version": rv})
+                    "retry_in": round(delay, 2), "resource_version": rv}})
                 self._stop.wait(delay)
                 if not resume:
                     return
@@ -414,8 +414,8 @@ class Informer:
                 # A quiet watch: no event or bookmark within inactivity_timeout. Not an error
                 # by itself; reconnecting proves the server is still there.
                 INFORMER_WATCH_ERRORS.labels(self.name, "inactive").inc()
-                log.info("watch inactive; reconnecting", extra={
-                    "informer": self.name, "inactivity_timeout": s.inactivity_timeout})
+                log.info("watch inactive; reconnecting", extra={"fields": {
+                    "informer": self.name, "inactivity_timeout": s.inactivity_timeout}})
                 return rv
             raise
         finally:
@@ -450,7 +450,7 @@ class Informer:
                 self._store.delete(object_key(obj))
                 self._notes.put(_Note("delete", targets, old=obj, unknown=False))
             else:
-                log.warning("unknown watch event type", extra={"informer": self.name, "type": etype})
+                log.warning("unknown watch event type", extra={"fields": {"informer": self.name, "type": etype}})
         self._last_rv = new_rv
         INFORMER_ITEMS.labels(self.name).set(len(self._store))
         return new_rv
@@ -499,7 +499,7 @@ class Informer:
                 elif note.kind == "delete" and handler.on_delete is not None and note.old is not None:
                     handler.on_delete(note.old, note.unknown)
             except Exception:  # noqa: BLE001 - one bad handler must not stop the others
-                log.exception("informer handler failed", extra={"informer": self.name, "event": note.kind})
+                log.exception("informer handler failed", extra={"fields": {"informer": self.name, "event": note.kind}})
 
     def _until_next_resync(self) -> float | None:
         due = [r.next_resync for r in self._registrations if r.next_resync is not None]
@@ -520,7 +520,7 @@ class Informer:
                 try:
                     on_update(obj, obj)
                 except Exception:  # noqa: BLE001
-                    log.exception("informer resync handler failed", extra={"informer": self.name})
+                    log.exception("informer resync handler failed", extra={"fields": {"informer": self.name}})
 
 
 def _item_type(body: Mapping[str, Any]) -> tuple[str, str]:

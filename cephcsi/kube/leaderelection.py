@@ -306,8 +306,8 @@ class LeaderElector:
             self._leader = True
         if first:
             self._gauge.set(1)
-            log.info("acquired lease", extra={"lease": self.lock.describe(), "identity": self.identity,
-                                              "transitions": written.lease_transitions})
+            log.info("acquired lease", extra={"fields": {"lease": self.lock.describe(), "identity": self.identity,
+                                              "transitions": written.lease_transitions}})
         if previous is None or previous.holder_identity != written.holder_identity:
             self._notify_new_leader(written.holder_identity)
         return Outcome.LEADING
@@ -326,10 +326,10 @@ class LeaderElector:
         try:
             self.callbacks.on_new_leader(identity)
         except Exception:  # noqa: BLE001
-            log.exception("on_new_leader failed", extra={"lease": self.lock.describe()})
+            log.exception("on_new_leader failed", extra={"fields": {"lease": self.lock.describe()}})
 
     def _log_failure(self, step: str, exc: BaseException) -> None:
-        log.warning("lease %s failed", step, extra={"lease": self.lock.describe(), "error": repr(exc)})
+        log.warning("lease %s failed", step, extra={"fields": {"lease": self.lock.describe(), "error": repr(exc)}})
 
     def next_poll_delay(self) -> float:
         """How long a standby waits before its next attempt: retry_period with jitter, but no
@@ -373,7 +373,7 @@ class LeaderElector:
             self._gauge.set(0)
 
     def _acquire(self, stop: threading.Event) -> bool:
-        log.info("waiting for lease", extra={"lease": self.lock.describe(), "identity": self.identity})
+        log.info("waiting for lease", extra={"fields": {"lease": self.lock.describe(), "identity": self.identity}})
         while not stop.is_set():
             if self.try_acquire_or_renew() is Outcome.LEADING:
                 return True
@@ -398,8 +398,8 @@ class LeaderElector:
         with self._state:
             self._gen += 1  # from here on, late renewals of this term are ignored
             fence_by = self._last_renew + self.config.effective_fence_deadline
-        log.warning("leadership ending", extra={"lease": self.lock.describe(), "identity": self.identity,
-                                                "reason": reason})
+        log.warning("leadership ending", extra={"fields": {"lease": self.lock.describe(), "identity": self.identity,
+                                                "reason": reason}})
         if not self._fence(lead_stop, loops, fence_by):
             return
         renewer.join(self.config.request_timeout)
@@ -436,7 +436,7 @@ class LeaderElector:
         try:
             self.callbacks.on_started_leading(lead_stop)
         except Exception:  # noqa: BLE001 - a crashed loop gives the lease up
-            log.exception("on_started_leading failed; giving up the lease", extra={"lease": self.lock.describe()})
+            log.exception("on_started_leading failed; giving up the lease", extra={"fields": {"lease": self.lock.describe()}})
             self._loops_failed.set()
 
     def _fence(self, lead_stop: threading.Event, loops: threading.Thread, fence_by: float) -> bool:
@@ -451,20 +451,20 @@ class LeaderElector:
             with self._state:
                 self._failed = True
             log.critical("leader-only loops did not stop before the lease could expire; fencing failed",
-                         extra={"lease": self.lock.describe(), "identity": self.identity})
+                         extra={"fields": {"lease": self.lock.describe(), "identity": self.identity}})
             self.callbacks.on_fencing_failure()
             return False
         with self._state:
             self._leader = False
         self._gauge.set(0)
-        log.info("leader-only loops stopped", extra={"lease": self.lock.describe(), "identity": self.identity})
+        log.info("leader-only loops stopped", extra={"fields": {"lease": self.lock.describe(), "identity": self.identity}})
         return True
 
     def _call_stopped(self) -> None:
         try:
             self.callbacks.on_stopped_leading()
         except Exception:  # noqa: BLE001 - the loops' threads are still joined by the caller
-            log.exception("on_stopped_leading failed", extra={"lease": self.lock.describe()})
+            log.exception("on_stopped_leading failed", extra={"fields": {"lease": self.lock.describe()}})
 
     def _release(self) -> None:
         with self._state:
@@ -488,11 +488,11 @@ class LeaderElector:
                     return
             except Exception as exc:  # noqa: BLE001 - a failed release only delays the standby
                 log.warning("lease release failed; standbys wait for expiry",
-                            extra={"lease": self.lock.describe(), "error": repr(exc)})
+                            extra={"fields": {"lease": self.lock.describe(), "error": repr(exc)}})
                 return
         if written is None:
             return
         with self._state:
             self._observed = written
             self._observed_at = self._clock.monotonic()
-        log.info("released lease", extra={"lease": self.lock.describe(), "identity": self.identity})
+        log.info("released lease", extra={"fields": {"lease": self.lock.describe(), "identity": self.identity}})

@@ -201,5 +201,5 @@ def _values(name: str, func: IndexFunc, obj: KubeObject) -> list[str]:
         return list(func(obj))
     except Exception:  # noqa: BLE001
         log.exception("index function failed; object left out of the index",
-                      extra={"index": name, "key": object_key(obj)})
+                      extra={"fields": {"index": name, "key": object_key(obj)}})
         return []

@@ -288,8 +288,8 @@ class Workers(Generic[K]):
                 self.process(key)
             except Exception as exc:  # noqa: BLE001 - every failure is retried with backoff
                 log.warning("processing failed; will retry", exc_info=not isinstance(exc, CephCSIError),
-                            extra={"queue": self.queue.name, "key": str(key), "error": str(exc),
-                                   "requeues": self.queue.num_requeues(key)})
+                            extra={"fields": {"queue": self.queue.name, "key": str(key), "error": str(exc),
+                                   "requeues": self.queue.num_requeues(key)}})
                 self.queue.add_rate_limited(key)
             else:
                 self.queue.forget(key)
