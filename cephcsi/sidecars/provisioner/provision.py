@@ -28,7 +28,9 @@ deleted while no controller watches. The finalizer costs two patches per provisi
 Limits: if the StorageClass or the provisioner Secret is deleted before the clean-up of a
 deleted claim runs, the volume cannot be found or authenticated: the finalizer is released with
 a Warning event naming the volume left behind, rather than keeping the claim (and perhaps its
-namespace) Terminating forever.
+namespace) Terminating forever. A claim deleted while its finalizer is on it waits for a running
+leader: with the driver uninstalled mid-provision it stays Terminating until the finalizer is
+removed by hand (the same contract as the PV finalizer external-provisioner adds).
 """
 from __future__ import annotations
 

@@ -40,6 +40,7 @@ def env(control_plane: ControlPlane, ceph_cluster: CephTestCluster,
         try:
             yield Env(control_plane, ceph_cluster, kube, config_file, lease_namespace)
         finally:
+            kube.delete_storage_classes()
             control_plane.stop_controller_manager()
 
 

@@ -95,6 +95,7 @@ class Kube:
         self.client = api_client
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.storage = kubernetes.client.StorageV1Api(api_client)
+        self.storage_classes: list[str] = []
 
     @staticmethod
     def _json(response: Any) -> Any:
@@ -137,7 +138,18 @@ class Kube:
         params.update(parameters or {})
         self.storage.create_storage_class({"metadata": {"name": name}, "provisioner": DRIVER, "parameters": params,
                                            **extra})
+        self.storage_classes.append(name)
         return name
+
+    def delete_storage_classes(self) -> None:
+        """The classes this helper created (claims using them should be gone by now)."""
+        for name in self.storage_classes:
+            try:
+                self.storage.delete_storage_class(name)
+            except kubernetes.client.ApiException as error:
+                if error.status != 404:
+                    raise
+        self.storage_classes.clear()
 
     def create_pvc(self, namespace: str, name: str, storage_class: str, size: str = "8Mi", **spec: Any) -> dict[str, Any]:
         body = {"metadata": {"name": name}, "spec": {

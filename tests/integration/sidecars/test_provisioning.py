@@ -3,6 +3,7 @@ attach-detach and protection controllers), real Ceph, and real `cephcsi --mode=c
 processes with the embedded provisioner and attacher."""
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -162,3 +163,22 @@ def test_retain_keeps_the_image(env: Env, start_controllers: StartControllers, k
     controller.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(
         volume_id=pv["spec"]["csi"]["volumeHandle"], secrets=ceph.secrets), timeout=30)
     assert not images_with(ceph, prefix)
+
+
+def test_wait_for_first_consumer_waits_for_the_selected_node(env: Env, start_controllers: StartControllers,
+                                                             kube_namespace: str) -> None:
+    start_controllers()
+    kube, ceph, prefix = env.kube, env.ceph, new_prefix()
+    storage_class = kube.create_storage_class(ceph, env.secret, prefix=prefix, volumeBindingMode="WaitForFirstConsumer")
+    uid = kube.create_pvc(kube_namespace, "data", storage_class)["metadata"]["uid"]
+    wait_for("the binder's WaitForFirstConsumer event", lambda: [
+        r for _t, r, _m in kube.events(kube_namespace, "data") if r == "WaitForFirstConsumer"])
+    time.sleep(1)
+    assert not images_with(ceph, prefix) and kube.pv(f"pvc-{uid}") is None
+    # What the scheduler does once a pod using the claim is placed.
+    kube.core.patch_namespaced_persistent_volume_claim(
+        "data", kube_namespace, {"metadata": {"annotations": {"volume.kubernetes.io/selected-node": "node-a"}}})
+    wait_for("Bound", lambda: ((kube.pvc(kube_namespace, "data") or {}).get("status") or {}).get("phase") == "Bound")
+    assert len(images_with(ceph, prefix)) == 1
+    kube.delete_pvc(kube_namespace, "data")
+    wait_for("the image to be deleted", lambda: not images_with(ceph, prefix))
