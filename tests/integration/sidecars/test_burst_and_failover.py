@@ -72,7 +72,9 @@ def test_burst_of_50_claims(env: Env, start_controllers: StartControllers, kube_
     labels = {"operation": "provision", "outcome": "success"}
     count = controller.metric("cephcsi_sidecar_operation_seconds_count", **labels)
     total = controller.metric("cephcsi_sidecar_operation_seconds_sum", **labels)
-    assert count == BURST and total is not None
+    # A claim processed again before the informer shows its new PV adopts that PV (no second
+    # volume) and counts as another success; duplicates are ruled out by assert_consistent.
+    assert count is not None and count >= BURST and total is not None
     report(capsys, record_property, "mean provisioning time per claim (annotated claim to PV)", total / count)
     assert_consistent(env, kube_namespace, prefix)
     report(capsys, record_property, "50 PVCs deleted to all images gone", delete_all(env, kube_namespace, prefix))
