@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, help="untimed create/delete pairs per path first (default 4)")
     p.add_argument("--node-iterations", type=int, help="stage/unstage cycles per path and mode (default 8)")
     p.add_argument("--sidecar-settle", type=float, help="seconds each Go sidecar runs before its RSS is read (default 10)")
+    p.add_argument("--pvc-burst", type=int, help="PVCs created at once in 4a (default 100; quick 10)")
+    p.add_argument("--pvc-repeats", type=int, help="single-PVC create→Bound repeats in 4a (default 5; quick 2)")
+    p.add_argument("--failover-graceful", type=int, help="SIGTERM failovers in 4b (default 3; quick 1)")
+    p.add_argument("--failover-kill", type=int, help="SIGKILL failovers in 4b (default 2; quick 1)")
     p.add_argument("--sections", default="", help=f"comma list to run (default all): {', '.join(names)}")
     p.add_argument("--no-build", action="store_true", help="use only already-built Go sidecars / control plane")
     p.add_argument("--output-dir", type=Path, default=RESULTS_DIR, help="where results go (default %(default)s)")
@@ -59,6 +63,8 @@ def options_from(args: argparse.Namespace) -> Options:
     changes: dict[str, Any] = {
         "ops": args.ops, "concurrency": args.concurrency, "warmup": args.warmup,
         "node_iterations": args.node_iterations, "sidecar_settle_s": args.sidecar_settle,
+        "pvc_burst": args.pvc_burst, "pvc_repeats": args.pvc_repeats,
+        "failover_graceful": args.failover_graceful, "failover_kill": args.failover_kill,
     }
     return dataclasses.replace(
         base,

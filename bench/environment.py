@@ -57,6 +57,8 @@ class Environment:
     shared: dict[str, Any] = field(default_factory=dict)
     """Figures one section leaves for a later one (e.g. CPU seconds of the create/delete batches)."""
     ceph_versions: str = ""
+    _kube: Any = None
+    """bench.kube.KubeSetup once a Kubernetes section asked for it (control plane + kcm)."""
 
     # ---- Ceph ----------------------------------------------------------------------------------
 
@@ -123,6 +125,17 @@ class Environment:
             self.node_samples["started (serving)"] = procstat.sample(process.process.pid)
         return self._node
 
+    def kube(self) -> Any:
+        """The shared Kubernetes control plane (etcd + kube-apiserver + kube-controller-manager's
+        volume controllers) with the Ceph Secret in place: a bench.kube.KubeSetup, started on
+        first use and stopped in close()."""
+        if self._kube is None:
+            self.start_cluster()
+            from bench.kube import start_kube  # kubernetes client: imported only when needed
+
+            self._kube = start_kube(self.config_file, self.cluster)
+        return self._kube
+
     @property
     def kubelet_dir(self) -> Path:
         return self.workdir / "kubelet"
@@ -130,6 +143,12 @@ class Environment:
     # ---- teardown -------------------------------------------------------------------------------
 
     def close(self) -> None:
+        if self._kube is not None:
+            try:
+                self._kube.close()
+            except Exception as error:  # noqa: BLE001 - keep tearing down
+                log.warning("stopping the control plane failed: %s", error)
+            self._kube = None
         for process in (self._node, self._controller):
             if process is not None:
                 try:

@@ -23,6 +23,14 @@ class Options:
     """Stage/publish/unpublish/unstage cycles per path and volume mode."""
     sidecar_settle_s: float = 10.0
     """Seconds a Go sidecar runs before its RSS is read."""
+    pvc_burst: int = 100
+    """PVCs created at once in 4a (and raw creates / static PVs in its floors)."""
+    pvc_repeats: int = 5
+    """Single-PVC create → Bound repeats in 4a."""
+    failover_graceful: int = 3
+    """SIGTERM failovers in 4b."""
+    failover_kill: int = 2
+    """SIGKILL failovers in 4b (each waits out the 15 s lease)."""
     drain_timeout_s: float = 300.0
     """Longest wait for the mgr to purge the trash between batches."""
     build: bool = True
@@ -41,4 +49,5 @@ class Options:
         return doc
 
 
-QUICK: dict[str, Any] = {"ops": 8, "concurrency": (1, 8), "warmup": 1, "node_iterations": 1, "sidecar_settle_s": 3.0}
+QUICK: dict[str, Any] = {"ops": 8, "concurrency": (1, 8), "warmup": 1, "node_iterations": 1, "sidecar_settle_s": 3.0,
+                         "pvc_burst": 10, "pvc_repeats": 2, "failover_graceful": 1, "failover_kill": 1}

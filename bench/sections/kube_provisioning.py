@@ -1,17 +1,506 @@
-"""Slot 4a: PVC → Bound through the embedded provisioner, on the real control plane
-(tests/controlplane) and the real Ceph cluster. Pending until the embedded sidecars exist
-(cephcsi/sidecars/runner.py); replace this module's SECTION with a real one then."""
+"""Section 4a: PVC → Bound through the embedded provisioner, on a real etcd + kube-apiserver +
+kube-controller-manager (its PV binder and protection controllers) and the real Ceph cluster,
+with one `cephcsi --mode=controller` (leader election on, production defaults, --log-level=info).
+
+Measured: 1 PVC create → Bound (repeated, p50), a burst of N PVCs created at once (8 threads)
+→ all PVs created and all Bound (PVC/s, per-PVC p50/p99), then all deleted → PVs gone, images
+gone, trash purged; the controller's VmRSS/VmHWM/CPU before, during (sampled every 0.1 s) and
+after the burst; its /metrics (API requests, client rate-limiter waits, provisioning time).
+
+Floors, each measured in the same run beside it:
+- Ceph: N `RBD().create` of the same size on the same cluster (bench/raw.py, 8 threads);
+- apiserver: creating N PVCs + N PVs by hand through a client with the controller's own
+  QPS/burst defaults (cephcsi.kube.client, 8 threads) — the least API writing a provisioned claim
+  needs;
+- kcm: those claims (no class) each followed at once by a PV bound to it (claimRef with uid, as a
+  provisioner writes it) → all Bound: a provisioner that costs nothing, leaving
+  kube-controller-manager's PV binder (its client runs at QPS 20 / burst 30 by default) — the
+  part of PVC → Bound no provisioner can make faster. (It skips one kcm write per claim that the
+  real path has: the storage-provisioner annotation.)
+"""
 from __future__ import annotations
 
-from bench.sections.base import pending
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-SECTION = pending(
-    "kube-provisioning",
-    "4a. Kubernetes: PVC → Bound (embedded provisioner)",
-    "needs the embedded sidecars",
-    [
-        "1 PVC: create → Bound latency (p50 over repeats), beside a direct CreateVolume",
-        "burst of 100 PVCs: time until all Bound, p50/p99 per PVC",
-        "controller RSS (VmRSS/VmHWM) and CPU seconds during the burst",
-    ],
+from bench import kubestats, procstat, report
+from bench.environment import Environment
+from bench.kube import (
+    SECRET,
+    Claims,
+    KubeSetup,
+    controller_defaults,
+    delete_claims,
+    images_with,
+    event_writes,
+    log_problems,
+    metrics,
+    size_text,
+    timed_calls,
+    wait_until,
 )
+from bench.kubestats import Burst, metric_sum
+from bench.load import run_batch
+from bench.model import SectionResult, Table
+from bench.raw import RawRbd
+from bench.sections.base import Section
+from bench.stats import ratio
+
+log = logging.getLogger("bench")
+
+NAME = "kube-provisioning"
+TITLE = "4a. Kubernetes: PVC → Bound (embedded provisioner) vs Ceph / apiserver / kcm floors"
+RAW_THREADS = 8
+
+
+def _burst_row(table: Table, what: str, b: Burst | None, note: str = "", sequential: bool = False) -> None:
+    """One row; `sequential` rows (one claim at a time) have no all-done time or rate."""
+    if b is None:
+        table.add(what, "—", "—", "—", "—", "—", "—", note)
+        return
+    done = f"{b.reached}/{b.count}" if b.reached < b.count else str(b.count)
+    all_s, rate = ("—", "—") if sequential else (report.num(b.all_s, 2), report.rate(b.per_second))
+    table.add(what, done, all_s, rate, report.ms(b.p50_s), report.ms(b.p99_s), report.ms(b.max_s), note)
+
+
+def _single(setup: KubeSetup, claims: Claims, storage_class: str, size: str, repeats: int,
+            prefix: str) -> tuple[Burst, Burst, list[str]]:
+    """Create → Bound of one claim at a time; (to Bound, to PV created, names)."""
+    started: dict[str, float] = {}
+    names = []
+    for i in range(repeats):
+        name = f"{prefix}{i}"
+        names.append(name)
+        started[name] = time.monotonic()
+        setup.kube.create_pvc(claims.namespace, name, storage_class, size)
+        claims.pvcs.wait("bound", [name], 60)
+    return (kubestats.burst(started, claims.pvcs.first("bound")),
+            kubestats.burst(started, claims.pvs.first("created")), names)
+
+
+ZERO_COST_PROVISIONER = "bench.invalid/zero-cost"
+ANN_PROVISIONER = "volume.kubernetes.io/storage-provisioner"
+
+
+def _bound_pv(name: str, namespace: str, claim: str, uid: str, size: str, storage_class: str) -> dict[str, Any]:
+    """A PV bound to the claim (claimRef with its uid), as a provisioner writes it: kcm's PV sync
+    then queues the claim at once (a claimRef without uid would wait for the claim's resync)."""
+    return {"metadata": {"name": name}, "spec": {
+        "capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"],
+        "persistentVolumeReclaimPolicy": "Retain", "storageClassName": storage_class,
+        "claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": namespace, "name": claim,
+                     "uid": uid},
+        "csi": {"driver": "bench.invalid", "volumeHandle": name}}}
+
+
+class KubeFloors:
+    """Claims bound with no Ceph and no driver, through a client with the controller's QPS/burst.
+
+    - zero-cost provisioner: a StorageClass naming a provisioner nobody runs; the bench writes the
+      PV (bound to the claim) the moment kcm has annotated the claim for that provisioner — the
+      real protocol (kcm annotates, events, binds) with a provisioner that costs nothing;
+    - PVC + PV by hand: claims with no class, each followed at once by its PV — the apiserver
+      writes alone (wall of the 2N creates) and kcm's binder alone (→ all Bound)."""
+
+    def __init__(self, setup: KubeSetup, size: str) -> None:
+        import kubernetes.client
+
+        from cephcsi.kube.client import ClientSettings, new_api_client
+
+        defaults = controller_defaults()
+        self.setup = setup
+        self.size = size
+        self.qps, self.burst = defaults.kube_api_qps, defaults.kube_api_burst
+        self.namespace = setup.namespace("bench-floor")
+        self.tag = uuid.uuid4().hex[:6]
+        self.storage_class = f"bench-zero-{self.tag}"
+        setup.kube.storage.create_storage_class({"metadata": {"name": self.storage_class},
+                                                 "provisioner": ZERO_COST_PROVISIONER})
+        self.client = new_api_client(ClientSettings(kubeconfig=str(setup.plane.kubeconfig), qps=self.qps,
+                                                    burst=self.burst))
+        self.core = kubernetes.client.CoreV1Api(self.client)
+        self.pool = ThreadPoolExecutor(8, thread_name_prefix="bench-zero")
+        self.answered: set[str] = set()
+        self.errors: list[str] = []
+        self.claims = Claims(setup, self.namespace, on_claim=self._on_claim)
+
+    def _pv_name(self, claim: str) -> str:
+        return f"bench-{self.tag}-{claim}"
+
+    def _on_claim(self, event_type: str, claim: Mapping[str, Any]) -> None:
+        meta = claim.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        if event_type == "DELETED" or name in self.answered:
+            return
+        if (meta.get("annotations") or {}).get(ANN_PROVISIONER) == ZERO_COST_PROVISIONER:
+            self.answered.add(name)
+            self.pool.submit(self._create_pv, name, meta["uid"], self.storage_class)
+
+    def _create_pv(self, claim: str, uid: str, storage_class: str) -> None:
+        try:
+            self.core.create_persistent_volume(
+                _bound_pv(self._pv_name(claim), self.namespace, claim, uid, self.size, storage_class),
+                _preload_content=False)
+        except Exception as error:  # noqa: BLE001 - reported
+            self.errors.append(f"{claim}: {type(error).__name__}: {str(error)[:200]}")
+
+    def _claim(self, name: str, storage_class: str) -> str:
+        reply = self.core.create_namespaced_persistent_volume_claim(self.namespace, {
+            "metadata": {"name": name}, "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": storage_class,
+                                                 "resources": {"requests": {"storage": self.size}}}},
+            _preload_content=False)
+        return str(json.loads(reply.data)["metadata"]["uid"])
+
+    def zero_cost_claim(self, name: str) -> None:
+        self._claim(name, self.storage_class)
+
+    def claim_and_pv(self, name: str) -> None:
+        self._create_pv(name, self._claim(name, ""), "")
+
+    def run(self, n: int, repeats: int) -> dict[str, Any]:
+        claims = self.claims
+        out: dict[str, Any] = {"qps": self.qps, "burst": self.burst}
+        everything: list[str] = []
+        # Zero-cost provisioner: one claim at a time, then a burst.
+        single: dict[str, float] = {}
+        for i in range(repeats):
+            name = f"zero-one-{i}"
+            single[name] = time.monotonic()
+            self.zero_cost_claim(name)
+            claims.pvcs.wait("bound", [name], 60)
+        everything += list(single)
+        out["zero_single"] = kubestats.burst(single, claims.pvcs.first("bound"))
+        time.sleep(2)  # let the buckets refill (this client's, and kcm's QPS 20 / burst 30)
+        names = [f"zero-{i:03d}" for i in range(n)]
+        started, errors, _ = timed_calls(self.zero_cost_claim, names)
+        everything += names
+        out["zero_missing"] = claims.pvcs.wait("bound", names, max(120.0, 3.0 * n))
+        out["zero_burst"] = kubestats.burst(started, claims.pvcs.first("bound"))
+        out["zero_stages"] = _stages(claims, started)
+        out["zero_events"] = event_writes(self.setup, self.namespace, names)
+        time.sleep(2)
+        # PVC + PV by hand, no class: apiserver writes and kcm's binder alone.
+        names = [f"byhand-{i:03d}" for i in range(n)]
+        started, errors2, wall = timed_calls(self.claim_and_pv, names)
+        everything += names
+        out["byhand_create_wall_s"] = wall
+        out["byhand_missing"] = claims.pvcs.wait("bound", names, max(120.0, 3.0 * n))
+        out["byhand_burst"] = kubestats.burst(started, claims.pvcs.first("bound"))
+        out["errors"] = errors + errors2 + self.errors
+        # Clean up: claims, then their PVs (Retain: nothing in Ceph).
+        timed_calls(lambda c: self.setup.kube.delete_pvc(self.namespace, c), everything)
+        claims.pvcs.wait("deleted", everything, 120)
+        timed_calls(lambda c: self.setup.kube.delete_pv(self._pv_name(c)), everything)
+        out["pvs_left"] = claims.pvs.wait("deleted", everything, 120)
+        return out
+
+    def close(self) -> None:
+        self.claims.stop()
+        self.pool.shutdown(wait=True)
+        self.client.close()
+        try:
+            self.setup.kube.storage.delete_storage_class(self.storage_class)
+        except Exception:  # noqa: BLE001 - the plane goes away anyway
+            pass
+
+
+def _kube_floor(setup: KubeSetup, n: int, repeats: int, size: str) -> dict[str, Any]:
+    floors = KubeFloors(setup, size)
+    try:
+        return floors.run(n, repeats)
+    finally:
+        floors.close()
+
+
+def _stages(claims: Claims, started: Mapping[str, float]) -> list[kubestats.Stage]:
+    """create → annotated by kcm → PV created → Bound, per claim."""
+    return kubestats.stages(started, [("create → annotated", claims.pvcs.first("annotated")),
+                                      ("annotated → PV created", claims.pvs.first("created")),
+                                      ("PV created → Bound", claims.pvcs.first("bound"))])
+
+
+def _raw_floor(raw: RawRbd, n: int) -> dict[str, Any]:
+    s0 = procstat.self_cpu_seconds()
+    created = run_batch(raw.create, [raw.new_name() for _ in range(n)], RAW_THREADS)
+    cpu = procstat.self_cpu_seconds() - s0
+    run_batch(raw.remove, created.results, RAW_THREADS)  # untimed clean-up
+    return {"batch": created, "cpu_s": cpu}
+
+
+def _go_stack(env: Environment) -> dict[str, Any] | None:
+    """Section 3b's figures from this run: Go provisioner + attacher at rest and the driver alone."""
+    go = env.shared.get("go_sidecars")
+    if not go or not go.get("go_controller_side_sum", {}).get("measured"):
+        return None
+    return go  # type: ignore[no-any-return]
+
+
+def run(env: Environment) -> SectionResult:
+    result = SectionResult(name=NAME, title=TITLE)
+    opts = env.options
+    n, repeats = opts.pvc_burst, opts.pvc_repeats
+    setup: KubeSetup = env.kube()
+    cluster = env.start_cluster()
+    defaults = controller_defaults()
+    size = size_text(opts.size_bytes)
+    prefix = f"bk{uuid.uuid4().hex[:6]}-"
+    namespace = setup.namespace("bench-4a")
+    lease_namespace = setup.namespace("bench-le")
+    storage_class = setup.kube.create_storage_class(cluster, SECRET, prefix=prefix)
+    raw = RawRbd(cluster, opts.size_bytes)
+    data: dict[str, Any] = {"pvc_size": size, "burst": n, "repeats": repeats, "image_prefix": prefix,
+                            "controller_defaults": {"kube_api_qps": defaults.kube_api_qps,
+                                                    "kube_api_burst": defaults.kube_api_burst,
+                                                    "worker_threads": defaults.worker_threads}}
+    notes = result.notes
+    samples: dict[str, procstat.ProcessSample] = {}
+    claims: Claims | None = None
+    try:
+        (controller,) = setup.start_controllers(env, 1, lease_namespace)
+        assert controller.process is not None
+        pid = controller.process.pid
+        samples["started (serving)"] = procstat.sample(pid)
+        lead_s = wait_until(controller.is_leader, 60)
+        ready_s = wait_until(lambda: controller.http("/readyz")[0] == 200, 60)
+        data["leader_after_s"], data["ready_after_s"] = lead_s, ready_s
+        if lead_s is None:
+            raise RuntimeError(f"the controller never took the Lease:\n{controller.log()[-2000:]}")
+        claims = Claims(setup, namespace)
+
+        # 1. One PVC at a time.
+        one_bound, one_pv, single_names = _single(setup, claims, storage_class, size, repeats, "one-")
+        data["single"] = {"bound": one_bound.to_json(), "pv_created": one_pv.to_json()}
+        data["single_delete"] = delete_claims(setup, claims, single_names, raw, prefix, 120).to_json()
+        time.sleep(1)
+        samples["idle leader (before the burst)"] = before = procstat.sample(pid)
+
+        # 2. The burst.
+        m0 = metrics(controller)
+        problems0 = len(log_problems(controller))
+        log_mark = len(controller.log())
+        sampler = procstat.Sampler(pid).start()
+        names = [f"burst-{i:03d}" for i in range(n)]
+        started, create_errors, create_wall = timed_calls(
+            lambda c: setup.kube.create_pvc(namespace, c, storage_class, size), names)
+        missing = claims.pvcs.wait("bound", list(started), max(120.0, 3.0 * n))
+        peak = sampler.stop()
+        samples["all Bound (after the burst)"] = after = procstat.sample(pid)
+        samples["peak during the burst (0.1 s samples)"] = peak
+        m1 = metrics(controller)
+        burst_bound = kubestats.burst(started, claims.pvcs.first("bound"))
+        burst_pv = kubestats.burst(started, claims.pvs.first("created"))
+        burst_stages = _stages(claims, started)
+        claim_docs = [c for c in setup.kube.pvcs(namespace) if c["metadata"]["name"] in started]
+        uids = {f"pvc-{c['metadata']['uid']}" for c in claim_docs}
+        pvs = setup.kube.pvs_of(namespace)
+        images = images_with(raw, prefix)
+        from tests.integration.sidecars.harness import journal_names
+
+        journal = [k for k in journal_names(cluster) if k in uids]
+        requests = metric_sum(m1, "rest_client_requests_total") - metric_sum(m0, "rest_client_requests_total")
+        throttle_sum = (metric_sum(m1, "rest_client_rate_limiter_duration_seconds_sum")
+                        - metric_sum(m0, "rest_client_rate_limiter_duration_seconds_sum"))
+        prov_ok = (metric_sum(m1, "cephcsi_sidecar_operation_seconds_count", operation="provision", outcome="success")
+                   - metric_sum(m0, "cephcsi_sidecar_operation_seconds_count", operation="provision", outcome="success"))
+        prov_sum = (metric_sum(m1, "cephcsi_sidecar_operation_seconds_sum", operation="provision", outcome="success")
+                    - metric_sum(m0, "cephcsi_sidecar_operation_seconds_sum", operation="provision", outcome="success"))
+        prov_failed = (metric_sum(m1, "controller_persistentvolumeclaim_provision_failed_total")
+                       - metric_sum(m0, "controller_persistentvolumeclaim_provision_failed_total"))
+        retries = (metric_sum(m1, "workqueue_retries_total") - metric_sum(m0, "workqueue_retries_total"))
+        problems = log_problems(controller)[problems0:]
+        events = event_writes(setup, namespace, started)
+        burst_log = controller.log()[log_mark:].splitlines()
+        adopted_lines = [line for line in burst_log if "adopted an existing PV" in line]
+        adopted = len(adopted_lines)
+        # Evidence for a second pass over a claim: every log line naming the adopted PVs.
+        adopted_pvs = [part[3:] for line in adopted_lines[:3] for part in line.split() if part.startswith("pv=")]
+        adopted_log = [line for line in burst_log if any(pv in line for pv in adopted_pvs)][:40]
+        provisioned_lines = sum(1 for line in burst_log if "volume provisioned" in line)
+        data["burst_run"] = {
+            "events": events,
+            "created": len(started), "create_errors": create_errors, "create_wall_s": create_wall,
+            "bound": burst_bound.to_json(), "pv_created": burst_pv.to_json(), "missing": missing,
+            "stages": [st.to_json() for st in burst_stages],
+            "pvs": len(pvs), "images": len(images), "journal_entries": len(journal),
+            "distinct_image_names": len(set(images)),
+            "pv_image_names": len({(pv["spec"].get("csi") or {}).get("volumeAttributes", {}).get("imageName")
+                                   for pv in pvs}),
+            "api_requests": requests, "limiter_wait_sum_s": throttle_sum,
+            "limiter_floor_s": kubestats.limiter_floor_s(requests, defaults.kube_api_qps, defaults.kube_api_burst),
+            "provision_ok": prov_ok, "provision_mean_s": prov_sum / prov_ok if prov_ok else None,
+            "provision_failed": prov_failed, "workqueue_retries": retries,
+            "log_volume_provisioned": provisioned_lines, "log_adopted_existing_pv": adopted,
+            "adopted_log": adopted_log,
+            "log_problems": len(problems), "log_problem_samples": problems[:5],
+        }
+
+        # 3. Delete everything.
+        cpu_before_delete = procstat.sample(pid).cpu_s
+        gone = delete_claims(setup, claims, list(started), raw, prefix, max(120.0, 3.0 * n))
+        data["burst_delete"] = gone.to_json()
+        samples["after deleting the burst (idle)"] = after_delete = procstat.sample(pid)
+        data["cpu"] = {"provision_s": after.cpu_s - before.cpu_s,
+                       "provision_ms_per_pvc": (after.cpu_s - before.cpu_s) * 1000 / n,
+                       "delete_s": after_delete.cpu_s - cpu_before_delete,
+                       "delete_ms_per_pvc": (after_delete.cpu_s - cpu_before_delete) * 1000 / n}
+        data["controller_log_problems_total"] = len(log_problems(controller))
+    finally:
+        if claims is not None:
+            claims.stop()
+        setup.stop_controllers()
+
+    # 4. Floors (our controller stopped, the trash drained).
+    kube_floor = _kube_floor(setup, n, repeats, size)
+    raw_floor = _raw_floor(raw, n)
+    raw.close()
+    data["floor_kube"] = {k: (v.to_json() if isinstance(v, Burst) else v) for k, v in kube_floor.items()
+                          if k != "zero_stages"}
+    data["floor_kube"]["zero_stages"] = [st.to_json() for st in kube_floor["zero_stages"]]
+    raw_summary = raw_floor["batch"].summary()
+    data["floor_ceph"] = {**raw_summary.to_json(), "cpu_s": raw_floor["cpu_s"], "threads": RAW_THREADS,
+                          "errors": raw_floor["batch"].errors}
+    data["samples"] = {k: v.to_json() for k, v in samples.items()}
+
+    # ---- tables -------------------------------------------------------------------------------------
+    latency = Table(title=f"PVC → Bound, {size} PVCs (thin); per-PVC latency from its create call; "
+                          f"burst = {n} PVCs created by 8 threads",
+                    columns=["what", "PVCs", "all done s", "PVC/s", "p50 ms", "p99 ms", "max ms", "note"])
+    _burst_row(latency, "1 PVC: create → PV created (provisioner)", one_pv, "one at a time", True)
+    _burst_row(latency, "1 PVC: create → Bound", one_bound, "one at a time", True)
+    _burst_row(latency, "floor kcm: 1 PVC, zero-cost provisioner → Bound", kube_floor["zero_single"],
+               "one at a time", True)
+    _burst_row(latency, "burst: create → all PVs created", burst_pv, "the provisioner's part")
+    _burst_row(latency, "burst: create → all Bound", burst_bound, "")
+    _burst_row(latency, f"floor kcm: {n} PVCs, zero-cost provisioner → all Bound", kube_floor["zero_burst"],
+               "kcm annotates, we write each PV at once")
+    _burst_row(latency, f"floor kcm: {n} PVCs + PVs by hand → all Bound", kube_floor["byhand_burst"],
+               "no class: kcm's binder alone")
+    wall = kube_floor["byhand_create_wall_s"]
+    latency.add(f"floor apiserver: create {n} PVCs + {n} PVs", str(n), report.num(wall, 2), report.rate(n / wall),
+                "—", "—", "—", f"client QPS {defaults.kube_api_qps:g}/burst {defaults.kube_api_burst} (ours), 8 threads")
+    latency.add(f"floor Ceph: {n} RBD.create", str(raw_summary.count), report.num(raw_summary.wall_s, 2),
+                report.rate(raw_summary.throughput), report.ms(raw_summary.p50_s), report.ms(raw_summary.p99_s),
+                report.ms(raw_summary.max_s), f"python-rbd, {RAW_THREADS} threads, same size")
+    levels = env.shared.get("controller_levels") or []
+    c1 = next((lvl for lvl in levels if lvl.get("concurrency") == 1), None)
+    if c1 and c1.get("driver_create"):
+        drv = c1["driver_create"]
+        latency.add("direct CreateVolume over gRPC, c=1 (section 1)", str(drv["count"]), "—", "—",
+                    report.ms(drv["p50_s"]), report.ms(drv["p99_s"]), report.ms(drv["max_s"]),
+                    "the driver call inside each provisioning")
+    _burst_row(latency, "delete burst: PVC delete → PV gone", gone.pv_gone,
+               f"images gone after {report.num(gone.images_gone_s, 2)} s, trash purged after "
+               f"{report.num(gone.trash_empty_s, 2)} s")
+
+    ratios = Table(title="the burst against its floors (× = burst / floor, wall time of all N)",
+                   columns=["floor", "floor s", "burst → all Bound s", "×", "burst → all PVs s", "×"])
+    floors = [("Ceph: RBD.create ×N", raw_summary.wall_s),
+              ("apiserver: N PVCs + N PVs created (our QPS/burst)", wall),
+              ("kcm binder alone: N PVCs + PVs by hand → all Bound", kube_floor["byhand_burst"].all_s),
+              ("kcm + zero-cost provisioner → all Bound", kube_floor["zero_burst"].all_s),
+              ("our client limiter: (requests − burst) / QPS", data["burst_run"]["limiter_floor_s"])]
+    for label, seconds in floors:
+        ratios.add(label, report.num(seconds, 2), report.num(burst_bound.all_s, 2),
+                   report.times(_ratio(burst_bound.all_s, seconds)), report.num(burst_pv.all_s, 2),
+                   report.times(_ratio(burst_pv.all_s, seconds)))
+    dominant = max(((label, s) for label, s in floors if s), key=lambda x: x[1], default=None)
+
+    stage_table = Table(title=f"where the time goes in the {n}-PVC burst: each claim's stages (p50/p99 per claim; "
+                              "'last' = from the first create until the last claim got there)",
+                        columns=["stage", "who", "ours p50 ms", "ours p99 ms", "ours last s", "zero-cost p50 ms",
+                                 "zero-cost p99 ms", "zero-cost last s"])
+    who = {"annotated": "kcm", "PV created": "provisioner", "Bound": "kcm"}
+    for ours, zero in zip(burst_stages, kube_floor["zero_stages"]):
+        stage_table.add(ours.name, who.get(ours.name.split("→ ")[-1], ""), report.ms(ours.per_object.p50_s),
+                        report.ms(ours.per_object.p99_s), report.num(ours.last_s, 2), report.ms(zero.per_object.p50_s),
+                        report.ms(zero.per_object.p99_s), report.num(zero.last_s, 2))
+
+    mem = Table(title="controller process (driver + provisioner + attacher + leader election)",
+                columns=["state", "VmRSS MiB", "VmHWM MiB", "CPU s (cumulative)", "threads"])
+    for label, s in samples.items():
+        mem.add(label, report.mib(s.rss_bytes), report.mib(s.hwm_bytes), report.num(s.cpu_s, 2), s.threads)
+    cpu = data["cpu"]
+    mem.add(f"CPU per PVC: provision (burst of {n})", "", "", f"{cpu['provision_ms_per_pvc']:.1f} ms", "")
+    mem.add(f"CPU per PVC: delete (burst of {n})", "", "", f"{cpu['delete_ms_per_pvc']:.1f} ms", "")
+
+    footprint = Table(title="whole controller-side footprint: one Python process vs the Go sidecar stack",
+                      columns=["stack", "processes", "VmRSS MiB", "VmHWM MiB", "note"])
+    ours_idle, ours_peak = before, peak
+    footprint.add("cephcsi (embedded loops)", "1", report.mib(ours_idle.rss_bytes), report.mib(ours_idle.hwm_bytes),
+                  "idle leader, caches synced, before the burst")
+    footprint.add("cephcsi (embedded loops)", "1", report.mib(ours_peak.rss_bytes), report.mib(ours_peak.hwm_bytes),
+                  f"peak during the {n}-PVC burst")
+    go = _go_stack(env)
+    if go:
+        go_sum = go["go_controller_side_sum"]
+        driver = go["controller"]
+        total_rss = go_sum["rss_bytes"] + driver["rss_bytes"]
+        total_hwm = go_sum["hwm_bytes"] + driver["hwm_bytes"]
+        footprint.add(" + ".join(go_sum["measured"]) + " (Go, at rest)", str(len(go_sum["measured"])),
+                      report.mib(go_sum["rss_bytes"]), report.mib(go_sum["hwm_bytes"]), "section 3b, this run")
+        footprint.add("+ driver alone (cephcsi --sidecars=none)", "1", report.mib(driver["rss_bytes"]),
+                      report.mib(driver["hwm_bytes"]), "section 3b: after section 1's 600 RPCs")
+        footprint.add("= Go sidecars + driver", str(len(go_sum["measured"]) + 1), report.mib(total_rss),
+                      report.mib(total_hwm), "")
+        warm = env.controller_samples.get("after warm-up (connected, idle)")
+        if warm is not None:
+            fresh = go_sum["rss_bytes"] + warm.rss_bytes
+            footprint.add("= Go sidecars + driver just warmed up", str(len(go_sum["measured"]) + 1),
+                          report.mib(fresh), "", "driver row of 3a before section 1's batches")
+            data["go_stack_fresh_driver_rss_bytes"] = fresh
+        footprint.add("ratio cephcsi idle / Go stack", "", report.times(ours_idle.rss_bytes / total_rss), "", "")
+        footprint.add("ratio cephcsi burst peak / Go stack (at rest)", "", report.times(ours_peak.rss_bytes / total_rss),
+                      report.times(ours_peak.hwm_bytes / total_hwm), "Go stack not loaded: its peak would be higher")
+        data["go_stack"] = {"rss_bytes": total_rss, "hwm_bytes": total_hwm}
+    else:
+        footprint.add("Go sidecars + driver", "—", "—", "—", "not measured in this run (run section `sidecars` first)")
+
+    result.tables = [latency, stage_table, ratios, mem, footprint]
+    run_data = data["burst_run"]
+    notes.append(
+        f"Burst check: {run_data['created']} PVCs created, {burst_bound.reached} Bound, {run_data['pvs']} PVs, "
+        f"{run_data['images']} images with the class prefix ({run_data['distinct_image_names']} distinct, "
+        f"{run_data['pv_image_names']} distinct in the PVs), {run_data['journal_entries']} journal entries; "
+        f"provisioned OK {run_data['provision_ok']:.0f} (mean {report.ms(run_data['provision_mean_s'])} ms from "
+        f"the annotated claim to the PV), failed attempts {run_data['provision_failed']:.0f}, work-queue retries "
+        f"{run_data['workqueue_retries']:.0f}, 'adopted an existing PV' (a second pass over an already provisioned "
+        f"claim) {run_data['log_adopted_existing_pv']}, controller log lines at WARNING+ during the burst: "
+        f"{run_data['log_problems']}.")
+    notes.append(
+        f"Controller API traffic during the burst: {run_data['api_requests']:.0f} requests "
+        f"({run_data['api_requests'] / n:.1f} per PVC), {run_data['limiter_wait_sum_s']:.1f} s waited in its client "
+        f"rate limiter in total (QPS {defaults.kube_api_qps:g}/burst {defaults.kube_api_burst}: the limiter alone "
+        f"needs ≥ {run_data['limiter_floor_s']:.1f} s for that many requests).")
+    if dominant:
+        notes.append(f"Largest floor: {dominant[0]} ({dominant[1]:.2f} s of the burst's "
+                     f"{report.num(burst_bound.all_s, 2)} s to all Bound).")
+    kcm_ours = run_data["events"].get("persistentvolume-controller/ExternalProvisioning", {})
+    kcm_zero = kube_floor["zero_events"].get("persistentvolume-controller/ExternalProvisioning", {})
+    if kcm_ours or kcm_zero:
+        notes.append(
+            f"kcm's 'ExternalProvisioning' event writes (it writes one per sync of a claim waiting for an external "
+            f"provisioner, from its QPS 20/burst 30 client): {kcm_ours.get('writes', 0)} for our {n} claims vs "
+            f"{kcm_zero.get('writes', 0)} with the zero-cost provisioner.")
+    if kube_floor["errors"]:
+        notes.append(f"floor errors: {'; '.join(kube_floor['errors'][:3])}")
+    if gone.pvs_left or gone.images_left:
+        notes.append(f"NOT cleaned up: {len(gone.pvs_left)} PVs, {len(gone.images_left)} images left")
+    if create_errors or missing:
+        notes.append(f"problems: {len(create_errors)} create errors, {len(missing)} claims not Bound in time")
+    if run_data["log_problem_samples"]:
+        notes.append("first controller warnings: " + " | ".join(x[:160] for x in run_data["log_problem_samples"][:3]))
+    result.data = data
+    env.shared["kube_provisioning"] = data
+    return result
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else ratio(a, b)
+
+
+SECTION = Section(NAME, TITLE, run)

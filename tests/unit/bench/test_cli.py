@@ -1,8 +1,6 @@
 """The bench's command line and section list (no peers started)."""
 from __future__ import annotations
 
-from typing import Any, cast
-
 import pytest
 
 from bench.cli import build_parser, options_from
@@ -34,11 +32,20 @@ def test_flags_override_quick_and_sections_are_checked() -> None:
     assert o.to_json()["concurrency"] == [2, 4]
 
 
-def test_section_names_are_unique_and_the_kube_slots_report_pending() -> None:
+def test_section_names_are_unique_and_the_kube_sections_run_after_the_sidecars() -> None:
     names = [s.name for s in SECTIONS]
     assert len(names) == len(set(names)) == len(by_name())
     assert names.index("controller") < names.index("resources") < names.index("sidecars")
-    for name in ("kube-provisioning", "kube-failover"):
-        result = by_name()[name].run(cast(Any, None))
-        assert result.status == "pending" and result.reason == "needs the embedded sidecars"
-        assert result.notes
+    # 4a reads 3b's Go sidecar figures from env.shared, so it must come after it.
+    assert names.index("sidecars") < names.index("kube-provisioning") < names.index("kube-failover")
+
+
+def test_kube_options_default_quick_and_flags() -> None:
+    full = _options()
+    assert (full.pvc_burst, full.pvc_repeats, full.failover_graceful, full.failover_kill) == (100, 5, 3, 2)
+    quick = _options("--quick")
+    assert 0 < quick.pvc_burst < full.pvc_burst and quick.failover_graceful >= 1 and quick.failover_kill >= 1
+    o = _options("--quick", "--pvc-burst", "20", "--pvc-repeats", "3", "--failover-graceful", "2",
+                 "--failover-kill", "0")
+    assert (o.pvc_burst, o.pvc_repeats, o.failover_graceful, o.failover_kill) == (20, 3, 2, 0)
+    assert o.to_json()["pvc_burst"] == 20

@@ -58,3 +58,23 @@ def test_parse_build_output() -> None:
     assert [(b.name, b.version, bool(b.path)) for b in built] == [
         ("csi-attacher", "v4.13.0", True), ("livenessprobe", "-", False)]
     assert built[1].error == "latest: 403 Forbidden"
+
+
+def test_peak_over_samples() -> None:
+    def s(rss: int, hwm: int, cpu: float, threads: int) -> procstat.ProcessSample:
+        return procstat.ProcessSample(pid=1, rss_bytes=rss, hwm_bytes=hwm, cpu_s=cpu, threads=threads, at=cpu)
+
+    peak = procstat.peak([s(10, 10, 1.0, 5), s(30, 30, 2.0, 9), s(20, 30, 3.0, 7)])
+    assert (peak.rss_bytes, peak.hwm_bytes, peak.cpu_s, peak.threads) == (30, 30, 3.0, 9)
+    with pytest.raises(ValueError):
+        procstat.peak([])
+
+
+def test_sampler_of_this_process() -> None:
+    import os
+    import time
+
+    sampler = procstat.Sampler(os.getpid(), interval=0.01).start()
+    time.sleep(0.05)
+    peak = sampler.stop()
+    assert len(sampler.samples) >= 2 and peak.rss_bytes > 0 and peak.pid == os.getpid()
