@@ -98,20 +98,20 @@ def secret_ref(kind: str, parameters: Mapping[str, str], pv_name: str,
         raise InvalidArgument(
             f"StorageClass parameters {name_key(kind)} and {namespace_key(kind)} must be given together"
         )
-    try:
-        namespace = resolve_template(namespace_template, template_values(pv_name, claim, for_name=False))
-    except InvalidArgument as error:
-        raise InvalidArgument(f"{namespace_key(kind)}={namespace_template!r}: {error}") from None
-    if not _DNS_LABEL.match(namespace) or len(namespace) > 63:
-        raise InvalidArgument(
-            f"{namespace_key(kind)}={namespace_template!r} resolved to {namespace!r}, which is not a valid namespace name"
-        )
-    try:
-        name = resolve_template(name_template, template_values(pv_name, claim, for_name=True))
-    except InvalidArgument as error:
-        raise InvalidArgument(f"{name_key(kind)}={name_template!r}: {error}") from None
-    if not _DNS_SUBDOMAIN.match(name) or len(name) > 253:
-        raise InvalidArgument(
-            f"{name_key(kind)}={name_template!r} resolved to {name!r}, which is not a valid Secret name"
-        )
+    namespace = _resolve(namespace_key(kind), namespace_template, template_values(pv_name, claim, for_name=False),
+                         _DNS_LABEL, 63, "namespace name")
+    name = _resolve(name_key(kind), name_template, template_values(pv_name, claim, for_name=True),
+                    _DNS_SUBDOMAIN, 253, "Secret name")
     return SecretRef(name, namespace)
+
+
+def _resolve(key: str, template: str, values: Mapping[str, str], pattern: re.Pattern[str], max_length: int,
+             what: str) -> str:
+    """One StorageClass secret parameter, templates filled in and the result checked."""
+    try:
+        value = resolve_template(template, values)
+    except InvalidArgument as error:
+        raise InvalidArgument(f"{key}={template!r}: {error}") from None
+    if not pattern.match(value) or len(value) > max_length:
+        raise InvalidArgument(f"{key}={template!r} resolved to {value!r}, which is not a valid {what}")
+    return value
