@@ -19,6 +19,22 @@ class CephSettings:
     """client_mount_timeout: seconds to connect and authenticate to the monitors."""
     connection_idle_seconds: float = 600.0
     """A cached connection unused this long is shut down."""
+    journal_lock_seconds: float = 10.0
+    """Duration of a create/delete's cross-process journal lease, renewed while the call runs.
+    A process killed while holding one blocks that volume (ABORTED) for at most this long."""
+    inline_purge_seconds: float = 20.0
+    """How long a DeleteVolume waits for an inline trash purge (only when the mgr refuses the
+    background task) before answering UNAVAILABLE; the purge goes on and a retry joins it."""
+    connect_failure_memory: float = 5.0
+    """A failed connect is answered from memory to every caller for this long (at most
+    mount_timeout), then retried: callers fail at once instead of each waiting a mount timeout,
+    the monitors see one attempt per interval, and a recovered cluster is used seconds later."""
+
+    @property
+    def failure_memory_seconds(self) -> float:
+        # Never longer than one attempt takes: remembering a failure must not delay recovery by
+        # more than the outage already costs a caller.
+        return max(0.0, min(self.connect_failure_memory, self.mount_timeout))
 
 
 @dataclass(frozen=True)

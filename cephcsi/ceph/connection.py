@@ -4,8 +4,11 @@ The bindings release the GIL in every blocking call, so one connection serves al
 well as one per thread would, without a monitor session per call (ceph-csi keeps a similar
 pool). Every connection has op timeouts set, so no call can hang forever: with the cluster
 down, calls fail in bounded time and a later call on the same connection succeeds once the
-cluster is back. A connection that reports it was shut down or blocklisted is dropped, and the
-next call reconnects. Keys live only in librados' in-memory config.
+cluster is back. A connect is single-flight per connection (callers arriving during an attempt
+wait for its outcome, at most one mount timeout) and a failure is answered from memory for a
+few seconds, so with the monitors down every caller fails within about one client_mount_timeout
+however many are queued. A connection that reports it was shut down or blocklisted is dropped,
+and the next call reconnects. Keys live only in librados' in-memory config.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -23,7 +26,7 @@ import rados
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.errors import CONNECTION_LOST, ceph_call, error_number
 from cephcsi.config.clusters import ClusterConfig
-from cephcsi.errors import CephCSIError, NotFound, PermissionDenied, Unavailable
+from cephcsi.errors import CephCSIError, Internal, NotFound, PermissionDenied, Unavailable
 from cephcsi.observability.logging import fields
 from cephcsi.settings import CephSettings
 
@@ -34,67 +37,197 @@ def _seconds(value: float) -> str:
     return str(max(1, math.ceil(value)))
 
 
+# librados ends a connect at client_mount_timeout (whole seconds, rounded up); its set-up
+# before and after the monitor hunt takes milliseconds. Callers waiting for another thread's
+# attempt give it this much extra before they give up on it.
+CONNECT_GRACE = 1.0
+
+Clock = Callable[[], float]
+
+
+def open_rados(cluster: ClusterConfig, credentials: Credentials, settings: CephSettings) -> rados.Rados:
+    """A connected librados handle with every op timeout set; raises rados.Error."""
+    conf = {
+        "mon_host": cluster.mon_host,
+        "key": credentials.key,
+        # Pacific takes whole seconds here and rejects "30.0".
+        "rados_osd_op_timeout": _seconds(settings.osd_op_timeout),
+        "rados_mon_op_timeout": _seconds(settings.mon_op_timeout),
+        "client_mount_timeout": _seconds(settings.mount_timeout),
+        "log_to_stderr": "false",
+        "err_to_stderr": "false",
+        "log_file": "",
+    }
+    handle = rados.Rados(rados_id=credentials.user_id, conf=conf)
+    try:
+        handle.connect(timeout=int(max(1, settings.mount_timeout)))
+    except rados.Error:
+        handle.shutdown()
+        raise
+    return handle
+
+
+@dataclass(eq=False)
+class _Attempt:
+    """One connect in flight. Callers arriving meanwhile wait for its outcome instead of
+    queueing their own attempts behind it (N callers must not wait N mount timeouts)."""
+
+    started: float
+    done: threading.Event = field(default_factory=threading.Event)
+    error: CephCSIError | None = None
+
+
+@dataclass(eq=False)
+class _Failure:
+    """A failed connect, answered again to every caller until `until` (monotonic)."""
+
+    error: CephCSIError
+    at: float
+    until: float
+
+
+def _fresh(error: CephCSIError, message: str) -> CephCSIError:
+    """A new exception of the same class per caller: one instance raised in many threads at
+    once would share (and garble) its traceback."""
+    copy = type(error)(message)
+    copy.__cause__ = error.__cause__
+    return copy
+
+
 @dataclass(eq=False)
 class Connection:
+    """One librados handle, connected on first use by a single thread at a time.
+
+    A failed connect is remembered for `settings.failure_memory_seconds`: with the monitors
+    down, every caller fails at once instead of each paying a full mount timeout, and the
+    monitors see one attempt per interval instead of one per call. After that the next
+    caller tries again, so a cluster that is back is used without a restart.
+    """
+
     cluster: ClusterConfig
     credentials: Credentials
     settings: CephSettings
+    opener: Callable[[ClusterConfig, Credentials, CephSettings], rados.Rados] = open_rados
+    clock: Clock = time.monotonic
     handle: rados.Rados | None = None
     users: int = 0
-    last_used: float = field(default_factory=time.monotonic)
+    last_used: float = 0.0
     broken: bool = False
-    connect_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Guards handle/_attempt/_failure only and is never held while librados connects, so a
+    # waiter can always give up in time; other clusters have their own Connection and lock.
+    _state: threading.Lock = field(default_factory=threading.Lock)
+    _attempt: _Attempt | None = None
+    _failure: _Failure | None = None
+
+    def __post_init__(self) -> None:
+        self.last_used = self.clock()
+
+    @property
+    def _where(self) -> str:
+        return f"Ceph cluster {self.cluster.cluster_id!r} (monitors {self.cluster.mon_host})"
+
+    @property
+    def _wait_limit(self) -> float:
+        return math.ceil(max(1.0, self.settings.mount_timeout)) + CONNECT_GRACE
 
     def connect(self) -> rados.Rados:
-        # Per-connection lock: two threads needing the same cluster connect once; other
-        # clusters are never blocked behind a slow monitor.
-        with self.connect_lock:
+        """The handle, connecting first if needed; raises Unavailable/PermissionDenied within
+        about one client_mount_timeout however many callers are waiting."""
+        with self._state:
             if self.handle is not None:
                 return self.handle
-            conf = {
-                "mon_host": self.cluster.mon_host,
-                "key": self.credentials.key,
-                # Pacific takes whole seconds here and rejects "30.0".
-                "rados_osd_op_timeout": _seconds(self.settings.osd_op_timeout),
-                "rados_mon_op_timeout": _seconds(self.settings.mon_op_timeout),
-                "client_mount_timeout": _seconds(self.settings.mount_timeout),
-                "log_to_stderr": "false",
-                "err_to_stderr": "false",
-                "log_file": "",
-            }
-            handle = rados.Rados(rados_id=self.credentials.user_id, conf=conf)
-            started = time.monotonic()
-            try:
-                handle.connect(timeout=int(max(1, self.settings.mount_timeout)))
-            except rados.Error as error:
-                handle.shutdown()
-                raise self._connect_error(error) from error
-            log.info(
-                "connected to Ceph",
-                extra=fields(cluster=self.cluster.cluster_id, user=self.credentials.user_id,
-                             ms=round((time.monotonic() - started) * 1000, 1)),
+            remembered = self._remembered()
+            if remembered is not None:
+                raise remembered
+            attempt, mine = self._attempt, False
+            if attempt is None:
+                attempt, mine = _Attempt(started=self.clock()), True
+                self._attempt = attempt
+        if mine:
+            return self._run(attempt)
+        return self._join(attempt)
+
+    def _remembered(self) -> CephCSIError | None:
+        failure = self._failure
+        if failure is None:
+            return None
+        now = self.clock()
+        if now >= failure.until:
+            self._failure = None
+            return None
+        return _fresh(failure.error, (
+            f"{failure.error.message} (last connect attempt failed {now - failure.at:.1f}s ago; "
+            f"the next one is made in {failure.until - now:.1f}s)"
+        ))
+
+    def _run(self, attempt: _Attempt) -> rados.Rados:
+        handle: rados.Rados | None = None
+        try:
+            handle = self.opener(self.cluster, self.credentials, self.settings)
+        except rados.Error as error:
+            attempt.error = self._connect_error(error)
+            attempt.error.__cause__ = error
+        except Exception as error:  # noqa: BLE001 - becomes the outcome every waiter gets
+            attempt.error = Internal(f"connecting to {self._where} failed unexpectedly: {error!r}; see the driver log")
+            attempt.error.__cause__ = error
+        finally:
+            self._settle(attempt, handle)
+        if attempt.error is not None:
+            raise _fresh(attempt.error, attempt.error.message)
+        assert handle is not None
+        return handle
+
+    def _settle(self, attempt: _Attempt, handle: rados.Rados | None) -> None:
+        now = self.clock()
+        with self._state:
+            self._attempt = None
+            if handle is not None:
+                self.handle, self._failure = handle, None
+            elif attempt.error is not None:
+                self._failure = _Failure(attempt.error, now, now + self.settings.failure_memory_seconds)
+        attempt.done.set()
+        extra = fields(cluster=self.cluster.cluster_id, user=self.credentials.user_id,
+                       ms=round((now - attempt.started) * 1000, 1))
+        if handle is not None:
+            log.info("connected to Ceph", extra=extra)
+        else:
+            log.warning("cannot connect to Ceph", extra={**extra, **fields(
+                error=str(attempt.error), retry_after=self.settings.failure_memory_seconds)})
+
+    def _join(self, attempt: _Attempt) -> rados.Rados:
+        remaining = attempt.started + self._wait_limit - self.clock()
+        if not attempt.done.wait(max(0.0, remaining)):
+            raise Unavailable(
+                f"still connecting to {self._where} as {self.credentials.user_id!r} after "
+                f"{self.clock() - attempt.started:.0f}s (started by another call); check that the monitors "
+                "are reachable, then retry"
             )
-            self.handle = handle
-            return handle
+        if attempt.error is not None:
+            raise _fresh(attempt.error, attempt.error.message)
+        with self._state:
+            handle = self.handle
+        if handle is None:  # closed between the connect and now (idle clean-up or shutdown)
+            return self.connect()
+        return handle
 
     def _connect_error(self, error: rados.Error) -> CephCSIError:
         number = error_number(error)
-        where = f"Ceph cluster {self.cluster.cluster_id!r} (monitors {self.cluster.mon_host})"
         if number in (errno.EPERM, errno.EACCES, errno.EINVAL):
             return PermissionDenied(
-                f"cephx authentication as {self.credentials.user_id!r} failed on {where}: check the secret's userID/userKey"
+                f"cephx authentication as {self.credentials.user_id!r} failed on {self._where}: "
+                "check the secret's userID/userKey"
             )
         return Unavailable(
-            f"cannot connect to {where} as {self.credentials.user_id!r} within "
-            f"{self.settings.mount_timeout:g}s: {error.__class__.__name__}; check that the monitors are reachable"
+            f"cannot connect to {self._where} as {self.credentials.user_id!r} within "
+            f"{self.settings.mount_timeout:g}s: {error.__class__.__name__}; check that the monitors are reachable "
+            "(a cephx key the monitors do not accept also ends this way)"
         )
 
     def close(self) -> None:
-        if self.handle is not None:
-            try:
-                self.handle.shutdown()
-            finally:
-                self.handle = None
+        with self._state:
+            handle, self.handle = self.handle, None
+        if handle is not None:
+            handle.shutdown()
 
 
 class Session:
@@ -140,8 +273,12 @@ class Session:
 class ConnectionCache:
     """Hands out `Session`s on shared connections; drops broken ones and closes idle ones."""
 
-    def __init__(self, settings: CephSettings) -> None:
+    def __init__(self, settings: CephSettings,
+                 opener: Callable[[ClusterConfig, Credentials, CephSettings], rados.Rados] = open_rados,
+                 clock: Clock = time.monotonic) -> None:
         self.settings = settings
+        self._opener = opener
+        self._clock = clock
         self._connections: dict[tuple[str, str, str], Connection] = {}
         self._lock = threading.Lock()
 
@@ -151,7 +288,7 @@ class ConnectionCache:
         with self._lock:
             connection = self._connections.get(key)
             if connection is None or connection.broken:
-                connection = Connection(cluster, credentials, self.settings)
+                connection = Connection(cluster, credentials, self.settings, self._opener, self._clock)
                 self._connections[key] = connection
             connection.users += 1
         try:
@@ -164,7 +301,7 @@ class ConnectionCache:
         finally:
             with self._lock:
                 connection.users -= 1
-                connection.last_used = time.monotonic()
+                connection.last_used = self._clock()
                 retire = connection.broken and connection.users == 0
             if retire:
                 connection.close()
@@ -178,7 +315,7 @@ class ConnectionCache:
                 del self._connections[key]
 
     def _close_idle(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             idle = [
                 (key, c) for key, c in self._connections.items()

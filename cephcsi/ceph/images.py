@@ -7,16 +7,14 @@ as a "watcher" that would block a concurrent DeleteVolume. Opens are the expensi
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
 import rados
 import rbd
 
-from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
-from cephcsi.errors import FailedPrecondition, Internal
+from cephcsi.errors import Internal
 from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)
@@ -103,47 +101,3 @@ def create(io: rados.Ioctx, name: str, size: int, features: tuple[str, ...], dat
     if image_id is None:
         raise Internal(f"image {name!r} has no id right after it was created; retry")
     return image_id
-
-
-def require_unused(info: ImageInfo) -> None:
-    """Deleting a mapped volume would pull a disk out from under a running workload."""
-    if info.watchers:
-        raise FailedPrecondition(
-            f"image {info.name!r} is still in use by {len(info.watchers)} client(s) ({', '.join(info.watchers)}); "
-            "unmap it (delete the pods using the volume) before deleting the volume"
-        )
-
-
-def move_to_trash(io: rados.Ioctx, name: str) -> bool:
-    """Move the image to the trash (O(1), unlike removal); False if it does not exist."""
-    with ceph_call("move image to trash", f"image {name!r}"):
-        try:
-            rbd.RBD().trash_move(io, name, 0)
-            return True
-        except rbd.ImageNotFound:
-            return False
-
-
-def trash_contains(io: rados.Ioctx, image_id: str) -> bool:
-    with ceph_call("list trash"):
-        return any(entry["id"] == image_id for entry in rbd.RBD().trash_list(io))
-
-
-def purge_from_trash(session: Session, io: rados.Ioctx, pool: str, image_id: str) -> None:
-    """Remove a trashed image's data. The mgr's rbd_support module does it in the background
-    (a removal is O(image objects)); if the mgr refuses, remove it inline."""
-    namespace = io.get_namespace()
-    spec = "/".join(part for part in (pool, namespace, image_id) if part)
-    command = json.dumps({"prefix": "rbd task add trash remove", "image_id_spec": spec})
-    try:
-        ret, status = session.mgr_command(command)
-    except Exception as error:  # noqa: BLE001 - the inline removal below is the fallback
-        ret, status = -1, str(error)
-    if ret == 0:
-        return
-    log.info("mgr did not take the trash purge; removing inline", extra=fields(image_id=image_id, reason=status))
-    with ceph_call("remove image from trash", f"image id {image_id!r}"):
-        try:
-            rbd.RBD().trash_remove(io, image_id, force=True)
-        except rbd.ImageNotFound:
-            pass

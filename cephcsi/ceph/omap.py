@@ -12,9 +12,18 @@ import rados
 
 from cephcsi.ceph.errors import ceph_call, error_number
 
+# librados.h LIBRADOS_LOCK_FLAG_RENEW (bit 0); the Pacific bindings do not export the constant.
+LOCK_FLAG_RENEW = 1
+
 
 def read(io: rados.Ioctx, obj: str, keys: tuple[str, ...] | None = None) -> dict[str, str] | None:
     """The object's omap (all of it, or just `keys`), or None when the object does not exist."""
+    values = read_raw(io, obj, keys)
+    return None if values is None else {key: value.decode() for key, value in values.items()}
+
+
+def read_raw(io: rados.Ioctx, obj: str, keys: tuple[str, ...] | None = None) -> dict[str, bytes] | None:
+    """Like `read`, with the values as stored (librbd's own omaps hold binary encodings)."""
     with ceph_call("read omap", f"object {obj!r}"):
         try:
             with rados.ReadOpCtx() as op:
@@ -23,7 +32,7 @@ def read(io: rados.Ioctx, obj: str, keys: tuple[str, ...] | None = None) -> dict
                 else:
                     items, _ = io.get_omap_vals_by_keys(op, keys)
                 io.operate_read_op(op, obj)
-                return {key: value.decode() for key, value in items}
+                return {key: bytes(value) for key, value in items}
         except rados.ObjectNotFound:
             return None
 
@@ -46,6 +55,52 @@ def set_if_absent(io: rados.Ioctx, obj: str, key: str, value: str) -> bool:
                 if error_number(error) == errno.ECANCELED:
                     return False
                 raise
+
+
+def set_unless_key(io: rados.Ioctx, obj: str, guard_key: str, values: dict[str, str]) -> bool:
+    """Set `values` on an existing object only while `guard_key` is absent; False if present.
+
+    One write op: the guard and the write cannot be separated by another writer."""
+    with ceph_call("write omap", f"object {obj!r}"):
+        with rados.WriteOpCtx() as op:
+            op.omap_cmp(guard_key, "", rados.LIBRADOS_CMPXATTR_OP_EQ)
+            io.set_omap(op, tuple(values), tuple(v.encode() for v in values.values()))
+            try:
+                io.operate_write_op(op, obj)
+                return True
+            except rados.Error as error:
+                if error_number(error) == errno.ECANCELED:
+                    return False
+                raise
+
+
+def try_lock(io: rados.Ioctx, obj: str, name: str, cookie: str, seconds: float) -> bool:
+    """Take the exclusive cls_lock `name` on `obj` for `seconds`; False if someone holds it.
+
+    cls_lock creates a missing object, and keeps a lock's xattr after unlock, so callers lock
+    objects whose lifetime matches the lock's subject (removing the object removes the lock).
+    The duration is what makes a holder that was SIGKILLed harmless: its lock expires."""
+    with ceph_call("lock object", f"object {obj!r}"):
+        try:
+            io.lock_exclusive(obj, name, cookie, desc="cephcsi", duration=max(1, int(seconds)))
+            return True
+        except (rados.ObjectBusy, rados.ObjectExists):
+            return False
+
+
+def renew_lock(io: rados.Ioctx, obj: str, name: str, cookie: str, seconds: float) -> None:
+    """Extend a lock we hold (same cookie) by `seconds` from now."""
+    with ceph_call("renew object lock", f"object {obj!r}"):
+        io.lock_exclusive(obj, name, cookie, desc="cephcsi", duration=max(1, int(seconds)), flags=LOCK_FLAG_RENEW)
+
+
+def unlock(io: rados.Ioctx, obj: str, name: str, cookie: str) -> None:
+    """Release our lock; a lock that expired or whose object is gone counts as released."""
+    with ceph_call("unlock object", f"object {obj!r}"):
+        try:
+            io.unlock(obj, name, cookie)
+        except rados.ObjectNotFound:
+            pass
 
 
 def create_exclusive(io: rados.Ioctx, obj: str, values: dict[str, str]) -> bool:

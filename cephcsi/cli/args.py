@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = p.add_argument_group("ceph")
     c.add_argument("--rados-osd-op-timeout", type=_duration, default=30.0)
+    c.add_argument("--journal-lock-timeout", type=_duration, default=10.0,
+                   help="lease on a volume's journal entry, renewed while a call runs; a killed holder blocks the volume at most this long")
     c.add_argument("--rados-mon-op-timeout", type=_duration, default=30.0)
     c.add_argument("--client-mount-timeout", type=_duration, default=10.0)
 
@@ -148,6 +150,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             osd_op_timeout=a.rados_osd_op_timeout,
             mon_op_timeout=a.rados_mon_op_timeout,
             mount_timeout=a.client_mount_timeout,
+            journal_lock_seconds=a.journal_lock_timeout,
         ),
         node=NodeSettings(
             node_id=a.nodeid,

@@ -28,7 +28,13 @@ class ControllerServicer(ServicerBase, csi_pb2_grpc.ControllerServicer):
 
     @classmethod
     def from_settings(cls, settings: Settings, clusters: ClusterRegistry) -> ControllerServicer:
-        manager = VolumeManager(clusters, ConnectionCache(settings.ceph), settings.instance_id)
+        manager = VolumeManager(
+            clusters,
+            ConnectionCache(settings.ceph),
+            settings.instance_id,
+            journal_lock_seconds=settings.ceph.journal_lock_seconds,
+            inline_purge_seconds=settings.ceph.inline_purge_seconds,
+        )
         return cls(manager, settings.driver_name, settings.slow_call_seconds)
 
     @rpc

@@ -50,4 +50,6 @@ class IdentityServicer(ServicerBase, csi_pb2_grpc.IdentityServicer):
     @rpc
     def Probe(self, request: csi_pb2.ProbeRequest, context: object) -> csi_pb2.ProbeResponse:
         # Cheap by design: the kubelet and livenessprobe call it often; Ceph health is not ours to judge.
+        # Identity calls run on threads reserved for them (cephcsi.csi.server), so anything that can
+        # block here would bring back the starvation those threads exist to prevent.
         return csi_pb2.ProbeResponse(ready=wrappers_pb2.BoolValue(value=True))

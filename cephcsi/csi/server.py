@@ -1,19 +1,81 @@
-"""gRPC server on a unix socket, with graceful shutdown that removes the socket."""
+"""gRPC server on a unix socket, with graceful shutdown that removes the socket.
+
+A grpc sync server has one thread pool. Left alone, slow calls (a NodeStage waiting on a stuck
+device, a CreateVolume on an unreachable cluster) can occupy every thread, and the kubelet's
+Probe then waits behind them until the liveness probe fails and the plugin is restarted — which
+on a node kills the rbd-fuse/rbd-nbd daemons of every mounted volume. So the pool has
+`max_workers` threads for ordinary calls plus IDENTITY_THREADS that only Identity calls can use:
+an admission gate lets at most `max_workers` other calls run at once and refuses the rest at
+once with RESOURCE_EXHAUSTED ("busy, retry") instead of queueing them. Identity calls skip the
+gate, and as they never block, a reserved thread is always free for them within microseconds.
+Refusing beats queueing anyway: a queued call often starts after its caller gave up, and the
+kubelet and the sidecars retry RESOURCE_EXHAUSTED with backoff.
+"""
 from __future__ import annotations
 
 import logging
 import os
 import stat
+import threading
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
-from cephcsi.errors import ConfigError
+from cephcsi.errors import ConfigError, ResourceExhausted, status_of
 from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)
+
+# Threads only Identity calls (Probe, GetPluginInfo, GetPluginCapabilities) can hold. They answer
+# from memory in microseconds, so a few cover any probe rate; more than one so a burst of
+# kubelet, registrar and livenessprobe calls does not even queue.
+IDENTITY_THREADS = 4
+UNGATED_PREFIX = "/csi.v1.Identity/"
+
+
+class AdmissionGate(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Lets at most `limit` non-Identity calls run at once; refuses the others at once."""
+
+    def __init__(self, limit: int, endpoint: str) -> None:
+        self.limit = limit
+        self.endpoint = endpoint
+        self._slots = threading.BoundedSemaphore(limit)
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        method = str(details.method)
+        if handler is None or handler.unary_unary is None or method.startswith(UNGATED_PREFIX):
+            return handler
+        return grpc.unary_unary_rpc_method_handler(
+            self._gated(method, handler.unary_unary),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _gated(self, method: str, behaviour: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        def gated(request: Any, context: grpc.ServicerContext) -> Any:
+            # Taken on the pool thread, not at dispatch: a call cancelled before it starts
+            # then never holds a slot it would not give back.
+            if not self._slots.acquire(blocking=False):
+                self._refuse(method, context)
+            try:
+                return behaviour(request, context)
+            finally:
+                self._slots.release()
+
+        return gated
+
+    def _refuse(self, method: str, context: grpc.ServicerContext) -> None:
+        error = ResourceExhausted(
+            f"the driver on {self.endpoint} is busy: {self.limit} calls are already running "
+            f"(--grpc-workers); {method.rsplit('/', 1)[-1]} was not started, retry later"
+        )
+        log.warning("call refused: all workers busy", extra=fields(method=method, limit=self.limit))
+        code, message = status_of(error)
+        context.abort(code, message)
 
 
 def socket_path(endpoint: str) -> str:
@@ -43,7 +105,8 @@ class CSIServer:
         os.makedirs(directory, exist_ok=True)
         self._remove_stale_socket()
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="csi"),
+            futures.ThreadPoolExecutor(max_workers=self.max_workers + IDENTITY_THREADS, thread_name_prefix="csi"),
+            interceptors=[AdmissionGate(self.max_workers, self.path)],
             options=[("grpc.so_reuseport", 0)],
         )
         for add in self.register:
@@ -54,7 +117,7 @@ class CSIServer:
         server.start()
         os.chmod(self.path, 0o660)
         self._server = server
-        log.info("serving", extra=fields(endpoint=self.path, workers=self.max_workers))
+        log.info("serving", extra=fields(endpoint=self.path, workers=self.max_workers, identity_threads=IDENTITY_THREADS))
 
     def _remove_stale_socket(self) -> None:
         try:

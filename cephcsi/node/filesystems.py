@@ -1,22 +1,30 @@
 """Probe, create and mount filesystems on mapped devices — without ever reformatting.
 
 The rule that protects users' data: mkfs runs only when a low-level probe (`blkid -p`, which
-reads the device itself, bypassing blkid's cache) finds no signature at all. blkid reports an
-unreadable device exactly like an empty one (exit 2), so the device is first read directly;
-an I/O error there stops the stage instead of formatting. A filesystem other than the one
-requested, a partition table, or anything else blkid recognises is FAILED_PRECONDITION and the
-device is left untouched. (mke2fs itself would happily overwrite an ext4 when not on a tty.)
+reads the device itself, bypassing blkid's cache) finds no signature at all, and never with a
+force flag. blkid reports an unreadable device exactly like an empty one (exit 2), so the device
+is first read directly; an I/O error there stops the stage instead of formatting. A filesystem
+other than the one requested, a partition table, or anything else blkid recognises is
+FAILED_PRECONDITION and the device is left untouched. (mke2fs itself would happily overwrite an
+ext4 when not on a tty, so the probe is the only guard.)
+
+A stage interrupted during mkfs is resumed by the same rule, never by forcing: whatever the
+device holds now may be a filesystem another node made and filled since (the volume moved while
+this node was down). Before mkfs the caller records the UUID mkfs will be given, so a resumed
+stage can tell (and log) whether a filesystem it keeps is the one its own mkfs made.
 
 mkfs defaults are ceph-csi's: ext4 `-m0 -Enodiscard,lazy_itable_init=1,lazy_journal_init=1`
 (no reserved blocks; no discard of a thin image; inode tables and journal initialised lazily,
 so formatting a large image does not write all of it), xfs `-K` (no discard). A `mkfsOptions`
-StorageClass parameter replaces the defaults. XFS is mounted with `nouuid`: clones and restored
-snapshots share their parent's UUID and XFS refuses a second mount with the same UUID.
+StorageClass parameter replaces the defaults; it may hold options only, never a force flag or a
+UUID (the driver sets the UUID). XFS is mounted with `nouuid`: clones and restored snapshots
+share their parent's UUID and XFS refuses a second mount with the same UUID.
 """
 from __future__ import annotations
 
 import logging
 import shlex
+import uuid as uuidlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -35,6 +43,13 @@ FS_MOUNT_OPTIONS = {"ext4": [], "xfs": ["nouuid"]}
 # Always on: the volume sits on network storage, so shutdown must unmount it before the
 # network goes (systemd reads this from utab for mounts it did not create).
 COMMON_MOUNT_OPTIONS = ["_netdev"]
+# The tools' getopt strings (e2fsprogs 1.47, xfsprogs 6.1): needed to tell an option's value
+# from a flag, so that "-L -F" (a label) is not taken for a force and "-qF" is.
+_GETOPT = {
+    "ext4": "b:cd:e:g:i:jl:m:no:qr:s:t:vC:DE:FG:I:J:KL:M:N:O:R:ST:U:Vz:",
+    "xfs": "b:c:d:i:l:L:m:n:KNp:qr:s:CfV",
+}
+_FORCE_FLAG = {"ext4": "F", "xfs": "f"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,8 @@ class Probe:
     """Filesystem type found ('' when none)."""
     other: str
     """Any other signature found (partition table, RAID member...), '' when none."""
+    uuid: str = ""
+    """The filesystem's UUID as blkid reports it ('' when none)."""
 
     @property
     def empty(self) -> bool:
@@ -75,13 +92,69 @@ def probe(runner: Runner, device: str, timeout: float) -> Probe:
     usage = values.get("USAGE", "")
     fs_type = values.get("TYPE", "")
     if fs_type and usage in ("", "filesystem"):
-        return Probe(fs_type, "")
+        return Probe(fs_type, "", values.get("UUID", ""))
     if values.get("PTTYPE"):
         return Probe("", f"a {values['PTTYPE']} partition table")
     return Probe("", f"{fs_type or 'unknown'} data ({usage or 'unknown usage'})")
 
 
-def mkfs_argv(fs_type: str, device: str, mkfs_options: str) -> list[str]:
+def split_options(fs_type: str, tokens: Sequence[str]) -> list[tuple[str, str | None]]:
+    """(letter, value or None) for each short option in `tokens`, as the tool's getopt reads
+    them. Anything that is not an option is refused: the driver adds the one device itself, and
+    a stray word could name another device or a size."""
+    takes_value = {c for i, c in enumerate(_GETOPT[fs_type]) if _GETOPT[fs_type][i + 1 : i + 2] == ":"}
+    parsed: list[tuple[str, str | None]] = []
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        index += 1
+        if not token.startswith("-") or token in ("-", "--") or token.startswith("--"):
+            raise InvalidArgument(
+                f"mkfsOptions: {token!r} is not a short option of mkfs.{fs_type}; mkfsOptions may hold only "
+                "options (the driver adds the device)"
+            )
+        for position in range(1, len(token)):
+            letter = token[position]
+            if letter not in takes_value:
+                parsed.append((letter, None))
+                continue
+            value = token[position + 1 :]
+            if not value:
+                if index >= len(tokens):
+                    raise InvalidArgument(f"mkfsOptions: -{letter} of mkfs.{fs_type} needs a value")
+                value = tokens[index]
+                index += 1
+            parsed.append((letter, value))
+            break
+    return parsed
+
+
+def _check_user_options(fs_type: str, options: Sequence[str]) -> None:
+    for letter, value in split_options(fs_type, options):
+        if letter == _FORCE_FLAG[fs_type]:
+            raise InvalidArgument(
+                f"mkfsOptions must not contain -{letter}: the driver never forces mkfs over existing data. "
+                "Remove it from the StorageClass"
+            )
+        sets_uuid = letter == "U" if fs_type == "ext4" else letter == "m" and _has_suboption(value or "", "uuid")
+        if sets_uuid:
+            raise InvalidArgument(
+                f"mkfsOptions must not set the filesystem UUID (-{letter} {value}): the driver gives each new "
+                "filesystem its own UUID to recognise it after an interrupted stage. Remove it from the StorageClass"
+            )
+
+
+def _has_suboption(value: str, name: str) -> bool:
+    return any(part.partition("=")[0].strip() == name for part in value.split(","))
+
+
+def uuid_option(fs_type: str, fs_uuid: str) -> list[str]:
+    return ["-U", fs_uuid] if fs_type == "ext4" else ["-m", f"uuid={fs_uuid}"]
+
+
+def mkfs_argv(fs_type: str, device: str, mkfs_options: str, fs_uuid: str) -> list[str]:
+    """mkfs argv: the user's options (or our defaults), the UUID to give the filesystem, the
+    device. Refuses options that would force or set the UUID (INVALID_ARGUMENT)."""
     if fs_type not in DEFAULT_MKFS_OPTIONS:
         raise InvalidArgument(f"cannot create filesystem {fs_type!r} (supported: {', '.join(DEFAULT_MKFS_OPTIONS)})")
     if mkfs_options.strip():
@@ -89,9 +162,10 @@ def mkfs_argv(fs_type: str, device: str, mkfs_options: str) -> list[str]:
             options = shlex.split(mkfs_options)
         except ValueError as error:
             raise InvalidArgument(f"mkfsOptions {mkfs_options!r} cannot be parsed: {error}") from None
+        _check_user_options(fs_type, options)
     else:
         options = list(DEFAULT_MKFS_OPTIONS[fs_type])
-    return [f"mkfs.{fs_type}", *options, device]
+    return [f"mkfs.{fs_type}", *options, *uuid_option(fs_type, fs_uuid), device]
 
 
 def ensure_filesystem(
@@ -100,34 +174,66 @@ def ensure_filesystem(
     fs_type: str,
     mkfs_options: str,
     timeout: float,
-    on_mkfs_start: Callable[[], None] | None = None,
-    resume_mkfs: bool = False,
+    on_mkfs_start: Callable[[str], None] | None = None,
+    interrupted_uuid: str | None = None,
+    volume: str = "",
 ) -> bool:
     """Make sure `device` holds an `fs_type` filesystem; returns True when we created it.
 
-    `on_mkfs_start` runs after the probe found the device empty and before mkfs (the caller
-    records that, so a crash mid-mkfs can be resumed). `resume_mkfs` is set when such a record
-    exists: the device was empty before our interrupted mkfs, so a partial signature of that
-    same filesystem type may be overwritten.
+    mkfs runs only on an empty device. `on_mkfs_start(uuid)` runs after the checks and before
+    mkfs, with the UUID mkfs will give the filesystem (the caller records it). `interrupted_uuid`
+    is not None when an earlier mkfs of ours on this device may have been cut short: the UUID it
+    used ('' if unknown: a record from an older version). It changes no decision — a found
+    filesystem of the requested type is kept whoever made it, anything else is refused — only
+    what is logged and the advice in the refusal.
     """
+    subject = f"volume {volume} (device {device})" if volume else f"device {device}"
     found = probe(runner, device, timeout)
-    if found.fs_type == fs_type and not resume_mkfs:
+    if found.fs_type == fs_type:
+        _log_kept(subject, found, interrupted_uuid)
         return False
-    if not found.empty and not (resume_mkfs and found.fs_type in ("", fs_type)):
-        if found.fs_type:
-            raise FailedPrecondition(
-                f"device {device} already holds a {found.fs_type} filesystem, not the requested {fs_type}; "
-                f"refusing to format it (its data is left untouched). Request fsType {found.fs_type} to use it"
-            )
-        raise FailedPrecondition(f"device {device} already holds {found.other}; refusing to format it (its data is left untouched)")
+    if not found.empty:
+        raise FailedPrecondition(_refusal(subject, fs_type, found, interrupted_uuid))
+    fs_uuid = str(uuidlib.uuid4())
+    argv = mkfs_argv(fs_type, device, mkfs_options, fs_uuid)  # options are refused before anything is recorded
     if on_mkfs_start is not None:
-        on_mkfs_start()
-    argv = mkfs_argv(fs_type, device, mkfs_options)
-    if resume_mkfs and not found.empty:
-        argv.insert(1, "-F" if fs_type == "ext4" else "-f")
-    runner(argv, what=f"create {fs_type} filesystem on {device}", timeout=timeout)
-    log.info("filesystem created", extra=fields(device=device, fs_type=fs_type, argv=" ".join(argv)))
+        on_mkfs_start(fs_uuid)
+    runner(argv, what=f"create {fs_type} filesystem on {subject}", timeout=timeout)
+    log.info("filesystem created", extra=fields(device=device, fs_type=fs_type, fs_uuid=fs_uuid, argv=" ".join(argv)))
     return True
+
+
+def _log_kept(subject: str, found: Probe, interrupted_uuid: str | None) -> None:
+    if interrupted_uuid is None:
+        log.debug("filesystem found, kept", extra=fields(device=subject, fs_type=found.fs_type, fs_uuid=found.uuid))
+        return
+    if interrupted_uuid and found.uuid == interrupted_uuid:
+        origin = "ours: made by the interrupted mkfs (UUID matches the stage record)"
+    elif interrupted_uuid:
+        origin = f"not ours: made elsewhere, e.g. by another node (our interrupted mkfs used UUID {interrupted_uuid})"
+    else:
+        origin = "unknown (the stage record predates recording mkfs UUIDs)"
+    log.warning(
+        "resumed stage found a filesystem after an interrupted mkfs; keeping it, not formatting",
+        extra=fields(device=subject, fs_type=found.fs_type, fs_uuid=found.uuid, origin=origin),
+    )
+
+
+def _refusal(subject: str, fs_type: str, found: Probe, interrupted_uuid: str | None) -> str:
+    if found.fs_type:
+        text = (
+            f"{subject} already holds a {found.fs_type} filesystem, not the requested {fs_type}; "
+            f"refusing to format it (its data is left untouched). Request fsType {found.fs_type} to use it"
+        )
+    else:
+        text = f"{subject} already holds {found.other}; refusing to format it (its data is left untouched)"
+    if interrupted_uuid is not None:
+        text += (
+            ". An earlier mkfs of this volume on this node was interrupted, so this may be what it left behind: "
+            "if the volume holds nothing you need, delete and re-create it (or erase its signatures with "
+            "`wipefs -a` on the mapped device) and stage again"
+        )
+    return text
 
 
 def mount_options(fs_type: str, flags: Sequence[str], read_only: bool) -> list[str]:

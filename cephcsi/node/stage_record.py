@@ -45,6 +45,26 @@ class ImageSpec:
         return "/".join(part for part in (self.pool, self.namespace, self.image) if part)
 
 
+@dataclass(frozen=True)
+class LoopBacking:
+    """A fuse mapping's loop device as the kernel described it right after the attach. Its
+    sysfs backing_file names our work dir only while the rbd-fuse mount is in this mount
+    namespace; after a plugin restart without a drain it reads `/<image>` (the mount died with
+    the old container's namespace). These values still identify the loop then, and tell it
+    from a loop that later got the same device name."""
+
+    device: str
+    diskseq: int = 0
+    """/sys/block/<loop>/diskseq: changes on every attach and detach (Linux >= 5.15; 0 unknown).
+    Readable even when the backing file is not (a dead FUSE mount fails every stat with ENOTCONN)."""
+    file_name: str = ""
+    """lo_file_name (LOOP_GET_STATUS64): the path losetup attached (first 63 bytes)."""
+    backing_major: int = 0
+    backing_minor: int = 0
+    """The backing file's st_dev (the rbd-fuse mount's anonymous device, unique while it lives)."""
+    backing_inode: int = 0
+
+
 @dataclass
 class StageRecord:
     volume_id: str
@@ -66,7 +86,14 @@ class StageRecord:
     device: str = ""
     """Block device once mapped; empty while mapping (then re-derived from the system)."""
     mkfs_started: bool = False
-    """Set before mkfs, after blkid found the device empty: a crash mid-mkfs may redo it."""
+    """Set before mkfs, after blkid found the device empty. A resumed stage never redoes mkfs
+    from it (another node may have used the filesystem since): it only tells the logs and error
+    messages that whatever the device holds may be what our mkfs left."""
+    mkfs_uuid: str = ""
+    """The UUID given to our mkfs, saved before it runs ('' in records of older versions)."""
+    loop: LoopBacking | None = None
+    """fuse mapper: the loop device attached for this stage, to detach it even when its backing
+    file no longer reads as our work dir."""
     formatted: bool = False
     staged: bool = False
     """All steps done."""
@@ -103,7 +130,10 @@ def load(staging_path: str) -> StageRecord | None:
     if not isinstance(doc, dict) or doc.get("version") != VERSION:
         raise Internal(f"stage record {path} has an unknown format; inspect the staging path by hand")
     try:
-        return StageRecord(**{k: v for k, v in doc.items() if k in known})
+        values = {k: v for k, v in doc.items() if k in known}
+        if values.get("loop") is not None:
+            values["loop"] = LoopBacking(**values["loop"])
+        return StageRecord(**values)
     except TypeError as error:
         raise Internal(f"stage record {path} is incomplete ({error}); inspect the staging path by hand") from None
 

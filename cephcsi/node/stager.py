@@ -24,11 +24,13 @@ from cephcsi.node import devices, filesystems, mounts, stage_record
 from cephcsi.node.exec import Runner
 from cephcsi.node.mappers import options as map_options
 from cephcsi.node.mappers.base import FUSE, KRBD, NBD, Mapper, MapRequest
+from cephcsi.node.mappers.fuse import FuseMapper
 from cephcsi.node.mappers.rbd_cli import RbdDeviceMapper
 from cephcsi.node.mappers.select import MapperChoice
 from cephcsi.node.requests import StageRequest
 from cephcsi.node.stage_record import ACCESS_BLOCK, ACCESS_MOUNT, BLOCK_FILE, FS_DIR, StageRecord
 from cephcsi.observability.logging import fields
+from cephcsi.volumes import failpoints
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +140,8 @@ class Stager:
         # 1. map (record first: it names the mapper and its work dir, enough to undo a crash mid-map)
         stage_record.save(record)
         device = mapper.find(record)
+        if device is None and isinstance(mapper, FuseMapper) and record.loop is not None:
+            self._release_stranded_loop(mapper, record)
         if device is None:
             device = mapper.map(
                 MapRequest(
@@ -151,8 +155,12 @@ class Stager:
                 )
             )
             created.append("map")
-        if record.device != device:
+        loop = mapper.loop_backing(device) if isinstance(mapper, FuseMapper) else None
+        if record.device != device or record.loop != loop:
+            # Saved before anything uses the device: after a restart without a drain, this is
+            # all that still ties the loop device to this volume (see LoopBacking).
             record.device = device
+            record.loop = loop
             stage_record.save(record)
         # 2. filesystem, 3. mount
         if record.access_type == ACCESS_MOUNT:
@@ -175,22 +183,58 @@ class Stager:
                 )
         else:
 
-            def mkfs_starting() -> None:
+            def mkfs_starting(fs_uuid: str) -> None:
                 record.mkfs_started = True
+                record.mkfs_uuid = fs_uuid
                 stage_record.save(record)
 
-            filesystems.ensure_filesystem(
+            # An interrupted mkfs never makes a resumed stage format again: the volume may have
+            # been staged and filled elsewhere since. The probe alone decides (see filesystems).
+            created = filesystems.ensure_filesystem(
                 self.run,
                 record.device,
                 record.fs_type,
                 request.mkfs_options,
                 self.timeout,
                 on_mkfs_start=mkfs_starting,
-                resume_mkfs=record.mkfs_started,
+                interrupted_uuid=record.mkfs_uuid if record.mkfs_started else None,
+                volume=record.volume_id,
             )
+            if created:
+                failpoints.reach("node.after-mkfs")
         record.formatted = True
         record.mkfs_started = False
         stage_record.save(record)
+
+    def _release_stranded_loop(self, mapper: FuseMapper, record: StageRecord) -> None:
+        """The recorded loop device is not found under the work dir: if it is still attached it
+        reads a FUSE mount of a dead mount namespace (plugin restarted without a drain) and every
+        I/O to it fails. Detach it before mapping afresh, so the record never loses track of
+        it — unless the volume is still mounted from it, which only an unstage may undo."""
+        if record.loop is None:
+            return
+        mounted_at = self._mounted_from(record.loop.device, record)
+        if mounted_at:
+            raise FailedPrecondition(
+                f"volume {record.volume_id} is still mounted at {mounted_at} from loop device {record.loop.device}, "
+                "whose rbd-fuse mount is gone (the node plugin restarted without unstaging it), so its I/O fails. "
+                "Stop the pods using the volume so that it is unpublished and unstaged, then it can be staged again"
+            )
+        mapper.unmap_recorded_loop(record)
+        record.loop = None
+        stage_record.save(record)
+
+    def _mounted_from(self, device: str, record: StageRecord) -> str:
+        """The record's mount path when the top mount there is `device`, else ''."""
+        entry = mounts.top_mount(record.mount_path, self.read_mounts())
+        if entry is None:
+            return ""
+        if record.access_type == ACCESS_BLOCK:
+            return record.mount_path if _rdev(record.mount_path) == _rdev(device) and _rdev(device) is not None else ""
+        try:
+            return record.mount_path if (entry.major, entry.minor) == devices.device_numbers(device) else ""
+        except OSError:
+            return ""
 
     def _ensure_fs_mount(self, record: StageRecord, created: list[str]) -> None:
         target = record.mount_path

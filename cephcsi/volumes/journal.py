@@ -18,15 +18,27 @@ rest: the directory key is written first, so there is never a record or image wi
 pointing at it, and the record is removed last, so a retried delete still knows the image's
 name. A lost race (two replicas reserving one name) is settled by set-if-absent: the loser
 adopts the winner's uuid, so one name never gets two images.
+
+Create and delete of one volume exclude each other across processes with a cls_lock on the
+record object (`locked`), held from the record to the image id (create) and from the image
+to the record's removal (delete). The lock lives on the record because cls_lock creates the
+object it locks and leaves an xattr behind after unlock: on the record, both go away with it.
+A lock left by a process that was killed expires after `lock_seconds`; until then the
+volume's calls answer ABORTED, which a CO retries.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import rados
 
 from cephcsi.ceph import omap
-from cephcsi.errors import Internal
+from cephcsi.ceph.leases import KEEPER
+from cephcsi.errors import Internal, OperationInFlight
+
+LOCK_NAME = "cephcsi.journal"
 
 NAME_FIELD_VOLUME = "csi.volname"
 IMAGE_NAME = "csi.imagename"
@@ -63,10 +75,26 @@ class Record:
 class Journal:
     """Journal operations within one pool (and rados namespace) for one driver instance."""
 
-    def __init__(self, io: rados.Ioctx, instance_id: str, kind: JournalKind = VOLUMES) -> None:
+    def __init__(self, io: rados.Ioctx, instance_id: str, kind: JournalKind = VOLUMES, lock_seconds: float = 10.0) -> None:
         self.io = io
         self.kind = kind
         self.directory = f"{kind.directory_prefix}{instance_id}"
+        self.lock_seconds = lock_seconds
+
+    @contextmanager
+    def locked(self, uuid: str) -> Iterator[None]:
+        """Exclusive, cross-process hold on one volume's journal entry and image.
+
+        Creates the record object if it is missing (cls_lock does): callers check the record
+        afterwards and `discard_orphan` one that nothing points to."""
+        obj = self._record_object(uuid)
+        with KEEPER.hold(self.io, obj, LOCK_NAME, self.lock_seconds) as held:
+            if not held:
+                raise OperationInFlight(
+                    f"another operation on journal entry {obj} is in progress (in this or another driver process, "
+                    f"or one that was killed: its hold lapses within {self.lock_seconds:g}s); retry later"
+                )
+            yield
 
     def _name_key(self, name: str) -> str:
         return f"{self.kind.name_key_prefix}{name}"
@@ -93,23 +121,36 @@ class Journal:
             raise Internal(f"journal entry for {name!r} keeps changing under concurrent requests; retry")
         return winner
 
-    def ensure_record(self, uuid: str, name: str, image_name: str, extra: dict[str, str] | None = None) -> Record:
-        """The uuid's record, creating it with these values if it does not exist yet."""
+    def claim_record(self, uuid: str, name: str, image_name: str, extra: dict[str, str] | None = None) -> Record:
+        """The uuid's record, filling it with these values if it holds none yet.
+
+        Call under `locked(uuid)`, after checking the name still points at `uuid`. What is
+        returned is always read back from RADOS, never made up: if the record vanished, that
+        is an error, not a success."""
         values = {self.kind.name_field: name, IMAGE_NAME: image_name, **(extra or {})}
-        if not omap.create_exclusive(self.io, self._record_object(uuid), values):
-            record = self.read(uuid)
-            if record is not None:
-                if record.name != name:
-                    raise Internal(
-                        f"journal record {self._record_object(uuid)} belongs to {record.name!r}, not {name!r}; "
-                        "the journal is inconsistent, inspect it before retrying"
-                    )
-                return record
-        return Record(uuid, name, image_name, extra=tuple((extra or {}).items()))
+        obj = self._record_object(uuid)
+        if not omap.create_exclusive(self.io, obj, values):
+            omap.set_unless_key(self.io, obj, self.kind.name_field, values)
+        record = self.read(uuid)
+        if record is None:
+            raise Internal(f"journal record {obj} disappeared while it was being written; retry")
+        if record.name != name:
+            raise Internal(
+                f"journal record {obj} belongs to {record.name!r}, not {name!r}; "
+                "the journal is inconsistent: run `cephcsi audit` before retrying"
+            )
+        return record
+
+    def discard_orphan(self, uuid: str) -> None:
+        """Remove a record that no name points at (under `locked(uuid)`): left by a delete that
+        released the name but died before removing the record, or made empty by our own lock."""
+        self.remove_record(uuid)
 
     def read(self, uuid: str) -> Record | None:
+        """The record, or None when it does not exist. A record object with no name in it (only
+        a lock, from a create that died right after locking) reads as None too."""
         values = omap.read(self.io, self._record_object(uuid))
-        if values is None:
+        if not values or not values.get(self.kind.name_field):
             return None
         name = values.pop(self.kind.name_field, "")
         image_name = values.pop(IMAGE_NAME, "")

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import rados
 
-from cephcsi.ceph import images
+from cephcsi.ceph import images, imagestate, trash
 from cephcsi.ceph.connection import ConnectionCache, Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.config.clusters import ClusterRegistry
-from cephcsi.errors import AlreadyExists, NotFound
+from cephcsi.errors import AlreadyExists, Internal, NotFound, OperationInFlight
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import failpoints
 from cephcsi.volumes.capacity import fits
@@ -58,34 +58,52 @@ class Located:
 
 
 class VolumeManager:
-    def __init__(self, clusters: ClusterRegistry, connections: ConnectionCache, instance_id: str) -> None:
+    def __init__(
+        self,
+        clusters: ClusterRegistry,
+        connections: ConnectionCache,
+        instance_id: str,
+        journal_lock_seconds: float = 10.0,
+        inline_purge_seconds: float = 20.0,
+    ) -> None:
         self.clusters = clusters
         self.connections = connections
         self.instance_id = instance_id
+        self.journal_lock_seconds = journal_lock_seconds
         self.name_locks = KeyLocks("volume name")
         self.id_locks = KeyLocks("volume")
+        self.inline_purges = trash.InlinePurges(inline_purge_seconds)
+
+    def _journal(self, io: rados.Ioctx) -> Journal:
+        return Journal(io, self.instance_id, VOLUMES, lock_seconds=self.journal_lock_seconds)
 
     def create(self, request: CreateRequest) -> Volume:
         params = request.parameters
         cluster = self.clusters.get(params.cluster_id)
         with self.name_locks.hold(request.name), self.connections.session(cluster, request.credentials) as session:
             with session.ioctx(params.pool) as io:
-                pool_id = io.get_pool_id()
-                journal = Journal(io, self.instance_id, VOLUMES)
-                uuid = journal.lookup(request.name) or journal.reserve(request.name, VolumeId.new_uuid())
-                failpoints.reach("create.after-reserve")
-                record = journal.ensure_record(uuid, request.name, f"{params.name_prefix}{uuid}")
-                failpoints.reach("create.after-record")
-                image_id, size = self._ensure_image(io, request, record.image_name)
-                if record.image_id != image_id:
-                    journal.set_image_id(uuid, image_id)
-                volume_id = VolumeId(params.cluster_id, pool_id, uuid)
-                return Volume(
-                    volume_id=volume_id,
-                    size=size,
-                    image_name=record.image_name,
-                    context=params.volume_context(record.image_name, cluster.rados_namespace),
-                )
+                journal = self._journal(io)
+                # Two rounds at most: the first may find the name released by a delete that
+                # finished while we waited for its lock.
+                for _ in range(2):
+                    uuid = journal.lookup(request.name) or journal.reserve(request.name, VolumeId.new_uuid())
+                    failpoints.reach("create.after-reserve")
+                    with journal.locked(uuid):
+                        if journal.lookup(request.name) != uuid:
+                            journal.discard_orphan(uuid)
+                            continue
+                        record = journal.claim_record(uuid, request.name, f"{params.name_prefix}{uuid}")
+                        failpoints.reach("create.after-record")
+                        image_id, size = self._ensure_image(io, request, record.image_name)
+                        if record.image_id != image_id:
+                            journal.set_image_id(uuid, image_id)
+                        return Volume(
+                            volume_id=VolumeId(params.cluster_id, io.get_pool_id(), uuid),
+                            size=size,
+                            image_name=record.image_name,
+                            context=params.volume_context(record.image_name, cluster.rados_namespace),
+                        )
+                raise OperationInFlight(f"volume {request.name!r} is being deleted concurrently; retry")
 
     def _ensure_image(self, io: rados.Ioctx, request: CreateRequest, name: str) -> tuple[str, int]:
         """(image id, size) of the volume's image, creating it when it does not exist yet."""
@@ -121,30 +139,50 @@ class VolumeManager:
                 log.info("pool of the volume is gone; nothing to delete", extra=fields(volume_id=volume_id_text))
                 return
             with session.ioctx(pool) as io:
-                journal = Journal(io, self.instance_id, VOLUMES)
-                record = journal.read(volume_id.object_uuid)
-                if record is None:
-                    log.info("no journal record; volume already deleted", extra=fields(volume_id=volume_id_text))
-                    return
-                self._remove_image(session, io, pool, record)
-                failpoints.reach("delete.after-image")
-                journal.release_name(record.name, record.uuid)
-                failpoints.reach("delete.after-release")
-                journal.remove_record(record.uuid)
-                log.info("volume deleted", extra=fields(volume_id=volume_id_text, image=record.image_name))
+                journal = self._journal(io)
+                # Locked even when no record is visible: a create that was killed right after
+                # locking leaves an empty record object, which this removes.
+                with journal.locked(volume_id.object_uuid):
+                    self._delete_locked(session, io, pool, journal, volume_id.object_uuid)
+                log.info("volume deleted", extra=fields(volume_id=volume_id_text))
 
-    def _remove_image(self, session: Session, io: rados.Ioctx, pool: str, record: Record) -> None:
-        """Trash the image, then purge it. A retry after a crash between the two finds the
-        image in the trash by its journaled id and purges it, so nothing is leaked."""
-        info = images.stat(io, record.image_name, with_watchers=True)
-        image_id = record.image_id or (info.image_id if info else "")
-        if info is not None:
-            images.require_unused(info)
-            images.move_to_trash(io, record.image_name)
-            failpoints.reach("delete.after-trash")
-        elif not (image_id and images.trash_contains(io, image_id)):
+    def _delete_locked(self, session: Session, io: rados.Ioctx, pool: str, journal: Journal, uuid: str) -> None:
+        """Image first, then the name, then the record: a record is removed only once its
+        image is gone or queued with the mgr, so a retry after any crash still finds it."""
+        record = journal.read(uuid)
+        if record is None:
+            log.info("no journal record; volume already deleted", extra=fields(uuid=uuid))
+            journal.discard_orphan(uuid)
             return
-        images.purge_from_trash(session, io, pool, image_id)
+        self._remove_image(session, io, pool, journal, record)
+        failpoints.reach("delete.after-image")
+        journal.release_name(record.name, record.uuid)
+        failpoints.reach("delete.after-release")
+        journal.remove_record(record.uuid)
+
+    def _remove_image(self, session: Session, io: rados.Ioctx, pool: str, journal: Journal, record: Record) -> None:
+        """Take the image out of service from whatever state an earlier, killed attempt (ours,
+        or librbd's inside one call) left it in; see cephcsi.ceph.imagestate for the states."""
+        state = imagestate.inspect(io, record.image_name, record.image_id)
+        if state.image_id and state.image_id != record.image_id:
+            # Journal the id before anything moves the image: once it leaves the directory the
+            # id is the only way to find it.
+            journal.set_image_id(record.uuid, state.image_id)
+        if state.gone:
+            return
+        if state.partial_create:
+            trash.remove_partial(io, record.image_name)
+            return
+        if state.trash is None and not state.live:
+            raise Internal(
+                f"image {record.image_name!r} (id {state.image_id}) has a header but no name or trash entry; "
+                "run `cephcsi audit` to inspect it"
+            )
+        if state.live:
+            trash.require_unused(io, record.image_name)
+        trash.move(io, state)
+        failpoints.reach("delete.after-trash")
+        trash.purge(session, io, pool, state.image_id, self.inline_purges)
 
     def find(self, name: str, parameters: VolumeParameters, credentials: Credentials) -> str | None:
         """The id of the volume journaled under request `name` in the parameters' pool, or None.
@@ -155,11 +193,26 @@ class VolumeManager:
         with self.name_locks.hold(name), self.connections.session(cluster, credentials) as session:
             try:
                 with session.ioctx(parameters.pool) as io:
-                    uuid = Journal(io, self.instance_id, VOLUMES).lookup(name)
+                    uuid = self._find_uuid(self._journal(io), name)
                     pool_id = io.get_pool_id()
             except NotFound:
                 return None
         return VolumeId(parameters.cluster_id, pool_id, uuid).encode() if uuid else None
+
+    @staticmethod
+    def _find_uuid(journal: Journal, name: str) -> str | None:
+        """The name's uuid; a name reserved by a create that died before writing the record
+        is released here (nothing else will ever name it), and None returned."""
+        uuid = journal.lookup(name)
+        if uuid is None or journal.read(uuid) is not None:
+            return uuid
+        with journal.locked(uuid):
+            if journal.lookup(name) == uuid and journal.read(uuid) is None:
+                log.info("releasing a name whose create never wrote a record", extra=fields(name=name, uuid=uuid))
+                journal.release_name(name, uuid)
+                journal.discard_orphan(uuid)
+                return None
+        return journal.lookup(name)
 
     def locate(self, volume_id_text: str, credentials: Credentials) -> tuple[Located, images.ImageInfo]:
         """The volume and its image, or NotFound (also for ids this driver never issued)."""
@@ -173,7 +226,7 @@ class VolumeManager:
             if pool is None:
                 raise NotFound(f"volume {volume_id_text!r} does not exist (its pool is gone)")
             with session.ioctx(pool) as io:
-                record = Journal(io, self.instance_id, VOLUMES).read(volume_id.object_uuid)
+                record = self._journal(io).read(volume_id.object_uuid)
                 info = images.stat(io, record.image_name) if record else None
                 if record is None or info is None:
                     raise NotFound(f"volume {volume_id_text!r} does not exist")

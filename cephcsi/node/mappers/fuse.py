@@ -22,19 +22,27 @@ it through the stage record, /proc/self/mountinfo and the loop devices' backing 
 (what `losetup -j` reads). In a container, rbd-fuse belongs to the container's PID namespace
 and dies with the container: the loop device then fails every I/O (the filesystem on it
 reports errors, NodeGetVolumeStats reports the volume abnormal) until the volume is unstaged
-and staged again; unstage still releases the loop device and the dead FUSE mount. The daemon
-is re-parented to the namespace's init, which must reap it; the plugin does not become a child
-subreaper (that would make it reap processes the subprocess module waits for).
+and staged again; unstage still releases the loop device and the dead FUSE mount. The loop's
+backing file then no longer reads as a path under the work dir (the FUSE mount lived in the
+dead container's mount namespace; the kernel shows `/<image>`), so the stage record keeps the
+loop device with its disk sequence number (which changes on every attach and detach) and what
+LOOP_GET_STATUS64 gave at stage time (LoopBacking), and unmap detaches it when the kernel still
+reports exactly those. (A restage in that state refuses while the volume is still mounted from
+the dead loop, rather than mapping a second one.) The daemon is re-parented to the namespace's
+init, which must reap it; the plugin does not become a child subreaper (that would make it reap
+processes the subprocess module waits for).
 Loop allocation needs no lock of ours: `losetup --find` retries when another caller takes the
 free device first (checked with 14 concurrent attaches).
 """
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import logging
 import os
 import signal
+import struct
 import time
 from collections.abc import Callable
 
@@ -51,7 +59,7 @@ from cephcsi.errors import (
 from cephcsi.node import mounts
 from cephcsi.node.exec import CommandFailed, Runner, tail
 from cephcsi.node.mappers.base import FUSE, MapRequest
-from cephcsi.node.stage_record import StageRecord
+from cephcsi.node.stage_record import LoopBacking, StageRecord
 from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)
@@ -63,25 +71,31 @@ LOG_NAME = "rbd-fuse.log"
 KEY_PREFIX = "cephcsi-key-"
 _SYS_BLOCK = "/sys/block"
 _EXIT_WAIT = 10.0
+_LOOP_GET_STATUS64 = 0x4C05  # linux/loop.h
+# struct loop_info64: lo_device, lo_inode, lo_rdevice, lo_offset, lo_sizelimit (u64); lo_number,
+# lo_encrypt_type, lo_encrypt_key_size, lo_flags (u32); lo_file_name[64]; ... 232 bytes in all.
+_LOOP_INFO64 = struct.Struct("=QQQQQIIII64s")
+_LOOP_INFO64_SIZE = 232
 
 
 def backing_file(work_dir: str, image: str) -> str:
     return os.path.join(work_dir, MOUNT_DIR, image)
 
 
-def loops_backed_by(path: str, sys_block: str = _SYS_BLOCK) -> list[str]:
+def loops_backed_by(path: str, sys_block: str | None = None) -> list[str]:
     """Loop devices whose backing file is `path` (what `losetup -j` reports, read from sysfs)."""
     return [device for device, backing in attached_loops(sys_block) if backing == path]
 
 
-def loops_under(directory: str, sys_block: str = _SYS_BLOCK) -> list[tuple[str, str]]:
+def loops_under(directory: str, sys_block: str | None = None) -> list[tuple[str, str]]:
     """(device, backing file) of loop devices backed by a file under `directory`."""
     prefix = directory.rstrip("/") + "/"
     return [(device, backing) for device, backing in attached_loops(sys_block) if backing.startswith(prefix)]
 
 
-def attached_loops(sys_block: str = _SYS_BLOCK) -> list[tuple[str, str]]:
+def attached_loops(sys_block: str | None = None) -> list[tuple[str, str]]:
     """(device, backing file) for every attached loop device, from sysfs."""
+    sys_block = sys_block or _SYS_BLOCK
     found: list[tuple[str, str]] = []
     try:
         names = sorted(os.listdir(sys_block))
@@ -97,6 +111,56 @@ def attached_loops(sys_block: str = _SYS_BLOCK) -> list[tuple[str, str]]:
             continue  # not attached
         found.append((f"/dev/{name}", backing.removesuffix(" (deleted)")))
     return found
+
+
+def loop_status(device: str) -> LoopBacking | None:
+    """What LOOP_GET_STATUS64 says `device` is attached to; None when it is not an attached loop
+    device (ENXIO), cannot be opened, or its backing file cannot be stat'ed (the kernel stats it
+    for this call: a FUSE mount whose daemon died answers ENOTCONN)."""
+    try:
+        fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        buffer = fcntl.ioctl(fd, _LOOP_GET_STATUS64, bytes(_LOOP_INFO64_SIZE))
+    except OSError as error:
+        if error.errno != errno.ENXIO:
+            log.debug("cannot read loop device status", extra=fields(device=device, error=error.strerror))
+        return None
+    finally:
+        os.close(fd)
+    backing_dev, inode, *_, raw_name = _LOOP_INFO64.unpack_from(buffer)
+    name = raw_name.split(b"\0", 1)[0].decode("utf-8", "replace")
+    return LoopBacking(device, loop_diskseq(device), name, os.major(backing_dev), os.minor(backing_dev), inode)
+
+
+def loop_diskseq(device: str) -> int:
+    """The loop device's disk sequence number (0 when the kernel has none)."""
+    try:
+        with open(os.path.join(_SYS_BLOCK, os.path.basename(device), "diskseq"), encoding="ascii") as fh:
+            return int(fh.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def recorded_loop_state(recorded: LoopBacking, backing: str | None, image: str) -> str:
+    """Whether the loop device a stage recorded is still that attachment: 'gone' (not attached),
+    'ours', 'other' (the name now serves another file), or 'unknown' (no diskseq on this kernel
+    and the backing file cannot be stat'ed)."""
+    if backing is None:
+        return "gone"
+    if os.path.basename(backing) != image:
+        return "other"
+    current = loop_diskseq(recorded.device)
+    if recorded.diskseq and current:
+        return "ours" if current == recorded.diskseq else "other"
+    status = loop_status(recorded.device)
+    if status is None:
+        return "unknown"
+    same = (status.file_name, status.backing_major, status.backing_minor, status.backing_inode) == (
+        recorded.file_name, recorded.backing_major, recorded.backing_minor, recorded.backing_inode
+    )
+    return "ours" if same else "other"
 
 
 def fuse_processes(mount_dir: str, proc: str = "/proc") -> list[int]:
@@ -264,6 +328,15 @@ class FuseMapper:
         loops = loops_backed_by(backing_file(record.work_dir, record.image))
         return loops[0] if loops else None
 
+    def loop_backing(self, device: str) -> LoopBacking | None:
+        """The identity to record for the loop device a stage uses (None: not an attached loop)."""
+        status = loop_status(device)
+        if status is None:
+            # Still recorded by name and sequence number, which is what a dead mount needs.
+            backing = self._backing_of(device)
+            return LoopBacking(device, loop_diskseq(device), backing) if backing else None
+        return status
+
     def unmap(self, record: StageRecord) -> None:
         work_dir = record.work_dir
         if not work_dir:
@@ -275,8 +348,40 @@ class FuseMapper:
         # By directory, not by image name: a re-derived record may not know the image.
         for loop, backing in loops_under(mount_dir):
             self._detach_loop(loop, backing)
+        self.unmap_recorded_loop(record)
         self._stop_fuse(mount_dir)
         self._remove_work_dir(work_dir)
+
+    def unmap_recorded_loop(self, record: StageRecord) -> None:
+        """Detach the loop device the stage recorded, when the kernel still describes it exactly
+        as it did then. Needed after a restart without a drain: its backing file then reads
+        `/<image>` (the rbd-fuse mount went with the old mount namespace), so the search by
+        path under the work dir cannot find it, and it would stay attached forever."""
+        recorded = record.loop
+        if recorded is None:
+            return
+        backing = self._backing_of(recorded.device)
+        state = recorded_loop_state(recorded, backing, record.image)
+        if state == "gone":
+            return  # detached already (by the search by path, or by hand)
+        if state == "other":
+            log.info("recorded loop device now serves another file; left alone", extra=fields(device=recorded.device, backing=backing))
+            return
+        if state == "unknown":
+            log.warning(
+                "cannot tell whether the recorded loop device still belongs to this volume (the kernel has no "
+                "diskseq and its backing file is unreachable); left attached",
+                extra=fields(
+                    device=recorded.device, backing=backing, volume_id=record.volume_id,
+                    action=f"if nothing mounts {recorded.device}, detach it by hand: losetup -d {recorded.device}",
+                ),
+            )
+            return
+        log.warning(
+            "loop device of this volume lost its rbd-fuse mount (plugin restarted without unstaging?); detaching it",
+            extra=fields(device=recorded.device, backing=backing, work_dir=record.work_dir),
+        )
+        self._detach_loop(recorded.device, backing or "")
 
     def _detach_loop(self, device: str, backing: str) -> None:
         try:

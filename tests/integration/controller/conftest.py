@@ -29,8 +29,10 @@ def fresh_driver(config_file: str) -> Iterator[Callable[..., DriverProcess]]:
     """Factory for drivers a test may kill; all are stopped afterwards."""
     started: list[DriverProcess] = []
 
-    def make(env: dict[str, str] | None = None) -> DriverProcess:
-        process = DriverProcess(config_file, mode="controller", env=env or {})
+    def make(env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> DriverProcess:
+        # A short journal lease: a test that kills a driver waits this long for its lease to lapse.
+        process = DriverProcess(config_file, mode="controller", env=env or {},
+                                args=["--journal-lock-timeout=2s", *args])
         started.append(process)
         return process.start()
 

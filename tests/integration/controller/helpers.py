@@ -2,12 +2,17 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
 
 from cephcsi._generated import csi_pb2
 from cephcsi.volumes.volume_id import VolumeId
 from tests.ceph.fixtures import CephTestCluster
 
 MiB = 1 << 20
+T = TypeVar("T")
 Mode = csi_pb2.VolumeCapability.AccessMode
 
 
@@ -48,3 +53,24 @@ def wait_for_empty_trash(cluster: CephTestCluster, timeout: float = 30) -> list[
         if not trash or time.monotonic() > deadline:
             return trash
         time.sleep(0.3)
+
+
+RETRYABLE = (
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+)
+
+
+def until_ok(call: Callable[[], T], deadline: float = 60.0, also: tuple[grpc.StatusCode, ...] = ()) -> T:
+    """Call until it succeeds, retrying what a CO retries (ABORTED: a lease of a killed
+    driver not lapsed yet; UNAVAILABLE/DEADLINE_EXCEEDED: a driver restarting)."""
+    give_up = time.monotonic() + deadline
+    while True:
+        try:
+            return call()
+        except grpc.RpcError as error:
+            if error.code() not in (*RETRYABLE, *also) or time.monotonic() > give_up:
+                raise
+            time.sleep(0.2)

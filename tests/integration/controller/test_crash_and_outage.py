@@ -9,7 +9,7 @@ import pytest
 
 from cephcsi._generated import csi_pb2
 from tests.ceph.fixtures import CephTestCluster
-from tests.integration.controller.helpers import create_request, image_of, journal_entries, wait_for_empty_trash
+from tests.integration.controller.helpers import create_request, image_of, journal_entries, until_ok, wait_for_empty_trash
 from tests.integration.driver import DriverProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
@@ -35,7 +35,7 @@ def test_create_killed_at_each_step_is_completed_by_the_retry(
     assert crashing.process is not None and crashing.process.wait(10) == -9
 
     healthy = fresh_driver()
-    volume = healthy.controller.CreateVolume(request, timeout=60).volume
+    volume = until_ok(lambda: healthy.controller.CreateVolume(request, timeout=60)).volume
     again = healthy.controller.CreateVolume(request, timeout=60).volume
     assert again.volume_id == volume.volume_id
     new_images = set(ceph_cluster.images()) - before
@@ -62,7 +62,7 @@ def test_delete_killed_at_each_step_is_finished_by_the_retry(
     crashing = fresh_driver({"CEPHCSI_FAILPOINTS": point})
     _dies(lambda: crashing.controller.DeleteVolume(delete, timeout=60))
 
-    healthy.controller.DeleteVolume(delete, timeout=60)
+    until_ok(lambda: healthy.controller.DeleteVolume(delete, timeout=60))
     healthy.controller.DeleteVolume(delete, timeout=60)
     assert image_of(volume.volume_id) not in ceph_cluster.images()
     assert journal_entries(ceph_cluster, request.name) == (None, {})

@@ -7,7 +7,7 @@ import pytest
 
 from cephcsi.errors import Internal
 from cephcsi.node import stage_record
-from cephcsi.node.stage_record import RECORD_NAME, StageRecord
+from cephcsi.node.stage_record import RECORD_NAME, LoopBacking, StageRecord
 
 pytestmark = pytest.mark.unit
 
@@ -81,3 +81,34 @@ def test_corrupt_record_is_an_error_not_nothing(tmp_path: os.PathLike[str]) -> N
 
 def test_missing_staging_dir(tmp_path: os.PathLike[str]) -> None:
     assert stage_record.load(os.path.join(str(tmp_path), "nope")) is None
+
+
+def test_record_of_an_older_version_loads(tmp_path: os.PathLike[str]) -> None:
+    """A record written before mkfs UUIDs and loop identities were recorded (mid-mkfs crash)."""
+    staging = str(tmp_path)
+    old = {
+        "access_type": "mount", "cluster_id": "ceph", "device": "/dev/loop3", "formatted": False,
+        "fs_type": "ext4", "image": "csi-vol-1", "mapper": "fuse", "mkfs_started": True, "mount_flags": [],
+        "namespace": "", "pool": "rbd", "read_only": False, "staged": False, "staging_path": staging,
+        "unmap_options": [], "version": 1, "volume_id": "vol-1", "work_dir": "/var/lib/cephcsi/fuse/abc",
+    }
+    with open(os.path.join(staging, RECORD_NAME), "w") as handle:
+        json.dump(old, handle)
+    loaded = stage_record.load(staging)
+    assert loaded is not None and loaded.mkfs_started
+    assert (loaded.mkfs_uuid, loaded.loop) == ("", None)
+
+
+def test_loop_identity_round_trip(tmp_path: os.PathLike[str]) -> None:
+    staging = str(tmp_path)
+    record = _record(staging)
+    record.mkfs_uuid = "0b5c1a9e-7d1e-4a39-9a1b-2f1c7a1c0001"
+    record.loop = LoopBacking("/dev/loop3", 12, "/var/lib/cephcsi/fuse/abc/mnt/csi-vol-1", 0, 57, 2)
+    stage_record.save(record)
+    assert stage_record.load(staging) == record
+    path = os.path.join(staging, RECORD_NAME)
+    doc = json.loads(open(path).read())
+    doc["loop"] = {"device": "/dev/loop3", "unknown_field": 1}
+    open(path, "w").write(json.dumps(doc))
+    with pytest.raises(Internal, match="incomplete"):
+        stage_record.load(staging)

@@ -1,0 +1,159 @@
+"""Where an RBD image is in its life, read from the pool's own bookkeeping objects.
+
+librbd keeps an image in four places: the `rbd_directory` omap (name ↔ id), the
+`rbd_id.<name>` object (name → id), the `rbd_header.<id>` object (the image itself) and, once
+deleted, an `rbd_trash` omap entry whose state says how far the move or removal got. A
+process killed *inside* a librbd call leaves these out of step. Killing python-rbd at random
+instants on Ceph 16 (and reading librbd's trash code) gives exactly these shapes:
+
+- inside `create`: a directory entry alone, or a directory entry and id object with no header;
+- inside `trash_move`: a trash entry in state MOVING, with the directory entry and id object
+  both still there, only the directory entry, or neither (the header is always there);
+- inside `trash_remove` (and `remove`, which goes through the trash): a trash entry in state
+  REMOVING, with or without its header.
+
+`trash_move(name)` resumes every MOVING shape (librbd finds an interrupted move by name),
+`remove(name)` clears a partial create, and a trash removal (the mgr's task or inline)
+finishes NORMAL and REMOVING entries. The python bindings expose none of the trash *state*,
+so it is read here from the omap value (cls_rbd's TrashImageSpec encoding).
+"""
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+import rados
+
+from cephcsi.ceph import omap
+from cephcsi.ceph.errors import ceph_call
+
+DIRECTORY = "rbd_directory"
+TRASH = "rbd_trash"
+
+
+class TrashState(enum.Enum):
+    NORMAL = 0
+    MOVING = 1
+    REMOVING = 2
+    RESTORING = 3
+
+
+@dataclass(frozen=True)
+class TrashEntry:
+    image_id: str
+    name: str
+    state: TrashState
+
+
+@dataclass(frozen=True)
+class ImageState:
+    """Every trace of one image (by name and id) in its pool."""
+
+    name: str
+    image_id: str
+    """From the id object, the directory or the caller; '' when none of them knows it."""
+    id_object: bool
+    directory: bool
+    header: bool
+    trash: TrashEntry | None
+
+    @property
+    def live(self) -> bool:
+        """A usable image: openable by name, not on its way to the trash."""
+        return self.header and self.id_object and self.trash is None
+
+    @property
+    def partial_create(self) -> bool:
+        """Debris of a create that died before it wrote the header: holds no data."""
+        return (self.id_object or self.directory) and not self.header and self.trash is None
+
+    @property
+    def gone(self) -> bool:
+        return not (self.id_object or self.directory or self.header or self.trash)
+
+
+def _decode_string(raw: bytes, offset: int = 0) -> tuple[str, int]:
+    (length,) = struct.unpack_from("<I", raw, offset)
+    start = offset + 4
+    return raw[start : start + length].decode(), start + length
+
+
+def decode_trash_entry(image_id: str, raw: bytes) -> TrashEntry:
+    """cls_rbd TrashImageSpec: version, compat, length, source (u8), name, two utime_t,
+    then (version ≥ 2) the state (u8). Version-1 entries predate states: NORMAL."""
+    version = raw[0]
+    name, offset = _decode_string(raw, 6 + 1)
+    offset += 16  # deletion time and deferment end time
+    state = TrashState(raw[offset]) if version >= 2 and len(raw) > offset else TrashState.NORMAL
+    return TrashEntry(image_id, name, state)
+
+
+def id_from_id_object(io: rados.Ioctx, name: str) -> str | None:
+    with ceph_call("look up image id", f"image {name!r}"):
+        try:
+            raw = io.read(f"rbd_id.{name}", 4096)
+        except rados.ObjectNotFound:
+            return None
+    return _decode_string(raw)[0] if len(raw) >= 4 else None
+
+
+def id_from_directory(io: rados.Ioctx, name: str) -> str | None:
+    key = f"name_{name}"
+    values = omap.read_raw(io, DIRECTORY, (key,))
+    raw = (values or {}).get(key)
+    return _decode_string(raw)[0] if raw else None
+
+
+def trash_entry(io: rados.Ioctx, image_id: str) -> TrashEntry | None:
+    key = f"id_{image_id}"
+    raw = (omap.read_raw(io, TRASH, (key,)) or {}).get(key)
+    return decode_trash_entry(image_id, raw) if raw else None
+
+
+def trash_entries(io: rados.Ioctx) -> list[TrashEntry]:
+    """Every trash entry of the pool (namespace), in all states."""
+    values = omap.read_raw(io, TRASH) or {}
+    return [decode_trash_entry(key[3:], raw) for key, raw in sorted(values.items()) if key.startswith("id_")]
+
+
+def directory_names(io: rados.Ioctx) -> dict[str, str]:
+    """name → id for every image in the pool's directory (including partial creates)."""
+    values = omap.read_raw(io, DIRECTORY) or {}
+    return {key[5:]: _decode_string(raw)[0] for key, raw in values.items() if key.startswith("name_")}
+
+
+def header_exists(io: rados.Ioctx, image_id: str) -> bool:
+    with ceph_call("stat image header", f"image id {image_id!r}"):
+        try:
+            io.stat(f"rbd_header.{image_id}")
+            return True
+        except rados.ObjectNotFound:
+            return False
+
+
+def trash_entry_named(io: rados.Ioctx, name: str) -> TrashEntry | None:
+    """The trash entry of an image called `name` (cephcsi's image names are unique): how a
+    delete finds an image that left the directory before its id was journaled."""
+    for entry in trash_entries(io):
+        if entry.name == name:
+            return entry
+    return None
+
+
+def inspect(io: rados.Ioctx, name: str, known_id: str = "") -> ImageState:
+    """All traces of the image `name` (id `known_id` if the caller journaled it)."""
+    from_id_object = id_from_id_object(io, name)
+    from_directory = id_from_directory(io, name)
+    image_id = known_id or from_id_object or from_directory or ""
+    if not image_id:
+        trashed = trash_entry_named(io, name)
+        image_id = trashed.image_id if trashed else ""
+    return ImageState(
+        name=name,
+        image_id=image_id,
+        id_object=from_id_object is not None,
+        directory=from_directory is not None,
+        header=header_exists(io, image_id) if image_id else False,
+        trash=trash_entry(io, image_id) if image_id else None,
+    )

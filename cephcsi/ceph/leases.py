@@ -1,0 +1,96 @@
+"""Short cls_lock leases that stay held while their holder lives, and lapse soon after it dies.
+
+A cross-process lock on a volume must survive a slow Ceph call (so it cannot simply be short)
+and must not block the volume for long after its holder is SIGKILLed (so it cannot simply be
+long). Each lease is therefore taken for a few seconds and renewed by one keeper thread for as
+long as the holding call runs; a dead process renews nothing, and its lease lapses within
+`seconds`. Short calls (almost all) finish before the first renewal is due, so the keeper
+costs them one dict insert and removal.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import rados
+
+from cephcsi.ceph import omap
+from cephcsi.errors import CephCSIError
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Lease:
+    io: rados.Ioctx
+    obj: str
+    name: str
+    cookie: str
+    seconds: float
+    renew_at: float
+    guard: threading.Lock = field(default_factory=threading.Lock)
+    active: bool = True
+
+
+class LeaseKeeper:
+    """Renews held leases at a third of their duration; one daemon thread, started lazily."""
+
+    def __init__(self) -> None:
+        self._leases: set[_Lease] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def hold(self, io: rados.Ioctx, obj: str, name: str, seconds: float) -> Iterator[bool]:
+        """Yields False (and holds nothing) when another holder has the lease."""
+        cookie = uuidlib.uuid4().hex
+        if not omap.try_lock(io, obj, name, cookie, seconds):
+            yield False
+            return
+        lease = _Lease(io, obj, name, cookie, seconds, time.monotonic() + seconds / 3)
+        self._add(lease)
+        try:
+            yield True
+        finally:
+            with lease.guard:  # never unlock (or let the caller close `io`) mid-renewal
+                lease.active = False
+            with self._lock:
+                self._leases.discard(lease)
+            omap.unlock(io, obj, name, cookie)
+
+    def _add(self, lease: _Lease) -> None:
+        with self._lock:
+            self._leases.add(lease)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(0.5)
+            now = time.monotonic()
+            with self._lock:
+                due = [lease for lease in self._leases if lease.renew_at <= now]
+            for lease in due:
+                self._renew(lease)
+
+    @staticmethod
+    def _renew(lease: _Lease) -> None:
+        with lease.guard:
+            if not lease.active:
+                return
+            try:
+                omap.renew_lock(lease.io, lease.obj, lease.name, lease.cookie, lease.seconds)
+            except CephCSIError as error:
+                log.warning("could not renew a journal lease", extra=fields(object=lease.obj, error=error.message))
+            lease.renew_at = time.monotonic() + lease.seconds / 3
+
+
+KEEPER = LeaseKeeper()

@@ -1,0 +1,130 @@
+"""Take an image out of service through the RBD trash, from whatever state a crash left.
+
+Delete is two librbd steps: `trash_move` (O(1): the image leaves the directory) and a purge
+(O(objects): the data goes). The purge is handed to the mgr's rbd_support module, which runs
+and retries it in the background; only when the mgr refuses the task is it run here, in a
+thread that the call waits for at most `inline_budget` seconds (the call then answers
+UNAVAILABLE and the retry joins the same thread), so a DeleteVolume never blocks for the size
+of the image.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+
+import rados
+import rbd
+
+from cephcsi.ceph.connection import Session
+from cephcsi.ceph.errors import ceph_call
+from cephcsi.ceph.imagestate import ImageState, TrashState
+from cephcsi.errors import CephCSIError, FailedPrecondition, Internal, Unavailable
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+WATCH_TIMEOUT_HINT = "osd_client_watch_timeout, 30 s by default"
+
+
+def require_unused(io: rados.Ioctx, name: str) -> None:
+    """Refuse to delete an image some client has open read-write (mapped on a node).
+
+    A read-only open registers no watch, so this check is not its own watcher."""
+    with ceph_call("list image watchers", f"image {name!r}"):
+        try:
+            with rbd.Image(io, name, read_only=True) as image:
+                watchers = list(image.watchers_list())
+        except rbd.ImageNotFound:
+            return
+    if not watchers:
+        return
+    described = ", ".join(f"client.{w.get('id', '?')} at {w.get('addr', '?')}" for w in watchers)
+    raise FailedPrecondition(
+        f"image {name!r} is open read-write by {len(watchers)} client(s): {described}. If the volume is "
+        "mounted, delete the pods using it (or unmap it on that node) first. If that client crashed "
+        f"(e.g. a driver or node process killed a moment ago), its watch expires after the OSD's watch "
+        f"timeout ({WATCH_TIMEOUT_HINT}) and a retry then succeeds"
+    )
+
+
+def move(io: rados.Ioctx, state: ImageState) -> None:
+    """Bring the image to a NORMAL (or REMOVING) trash entry: move it, or finish an
+    interrupted move. librbd resumes a MOVING entry when asked to move the same name again."""
+    if state.trash is not None and state.trash.state is not TrashState.MOVING:
+        return
+    with ceph_call("move image to trash", f"image {state.name!r}"):
+        rbd.RBD().trash_move(io, state.name, 0)
+
+
+def remove_partial(io: rados.Ioctx, name: str) -> None:
+    """Remove the debris of an interrupted create (no header, so no data)."""
+    log.warning("removing a partially created image", extra=fields(image=name))
+    with ceph_call("remove partial image", f"image {name!r}"):
+        try:
+            rbd.RBD().remove(io, name)
+        except rbd.ImageNotFound:
+            pass
+
+
+@dataclass
+class InlinePurges:
+    """Inline trash removals still running, by image spec, so retries wait on the one
+    removal instead of starting another."""
+
+    budget_seconds: float = 20.0
+    _running: dict[str, threading.Thread] = field(default_factory=dict)
+    _errors: dict[str, CephCSIError] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def run(self, session: Session, pool: str, namespace: str, image_id: str, spec: str) -> None:
+        with self._lock:
+            thread = self._running.get(spec)
+            if thread is None:
+                # The thread opens its own ioctx: the caller's closes when the call returns.
+                thread = threading.Thread(target=self._remove, args=(session, pool, namespace, image_id, spec),
+                                          name=f"purge-{image_id}", daemon=True)
+                self._running[spec] = thread
+                thread.start()
+        thread.join(self.budget_seconds)
+        if thread.is_alive():
+            raise Unavailable(
+                f"purging trashed image {spec} is taking longer than {self.budget_seconds:g}s (the Ceph mgr refused "
+                "the background task, so it runs in the driver); it continues in the background, retry later"
+            )
+        with self._lock:
+            self._running.pop(spec, None)
+            error = self._errors.pop(spec, None)
+        if error is not None:
+            raise error
+
+    def _remove(self, session: Session, pool: str, namespace: str, image_id: str, spec: str) -> None:
+        try:
+            with session.ioctx(pool, namespace) as io, ceph_call("remove image from trash", f"image {spec!r}"):
+                try:
+                    rbd.RBD().trash_remove(io, image_id, force=True)
+                except rbd.ImageNotFound:
+                    pass
+        except CephCSIError as error:
+            with self._lock:
+                self._errors[spec] = error
+        except Exception as error:  # noqa: BLE001 - reported to the waiting call, never lost in a thread
+            with self._lock:
+                self._errors[spec] = Internal(f"purging trashed image {spec} failed: {error}")
+
+
+def purge(session: Session, io: rados.Ioctx, pool: str, image_id: str, inline: InlinePurges) -> None:
+    """Queue the trashed image's removal with the mgr (which retries it, e.g. while a dead
+    client's watch expires), or run it inline, bounded, if the mgr refuses."""
+    namespace = io.get_namespace()
+    spec = "/".join(part for part in (pool, namespace, image_id) if part)
+    command = json.dumps({"prefix": "rbd task add trash remove", "image_id_spec": spec})
+    try:
+        ret, status = session.mgr_command(command)
+    except CephCSIError as error:
+        ret, status = -1, error.message
+    if ret == 0:
+        return
+    log.info("mgr did not take the trash purge; removing inline", extra=fields(image_id=image_id, reason=status))
+    inline.run(session, pool, namespace, image_id, spec)

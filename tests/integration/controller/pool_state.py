@@ -1,0 +1,126 @@
+"""What a pool holds, read the way the driver's repair code reads it, for before/after checks;
+and a child process that can be SIGKILLed inside one librbd call."""
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import rados
+
+from cephcsi.ceph import imagestate, omap
+from tests.ceph.fixtures import CephTestCluster
+
+
+@dataclass(frozen=True)
+class PoolState:
+    directory: frozenset[str]
+    """Image names in rbd_directory (partial creates included)."""
+    trash: frozenset[tuple[str, str]]
+    """(name, state) of every trash entry."""
+    objects: frozenset[str]
+    """Journal records and librbd's per-image objects (rbd_id.*, rbd_header.*)."""
+    journal_names: frozenset[str]
+    """Keys of the journal directories (the directory objects themselves persist, empty)."""
+
+
+@contextmanager
+def admin_ioctx(cluster: CephTestCluster) -> Iterator[rados.Ioctx]:
+    client = rados.Rados(rados_id="admin", conf={"mon_host": cluster.mon_host, "key": cluster.admin_key})
+    client.connect()
+    try:
+        with client.open_ioctx(cluster.pool) as io:
+            yield io
+    finally:
+        client.shutdown()
+
+
+def read_pool(cluster: CephTestCluster) -> PoolState:
+    with admin_ioctx(cluster) as io:
+        names = imagestate.directory_names(io)
+        trash = imagestate.trash_entries(io)
+        objects = [o.key for o in io.list_objects() if o.key.startswith(("csi.", "rbd_id.", "rbd_header."))]
+        directories = [o for o in objects if o.startswith(("csi.volumes.", "csi.snaps."))]
+        keys = [f"{d}/{k}" for d in directories for k in omap.read_raw(io, d) or {}]
+    return PoolState(
+        frozenset(names),
+        frozenset((entry.name, entry.state.name) for entry in trash),
+        frozenset(set(objects) - set(directories)),
+        frozenset(keys),
+    )
+
+
+def wait_for_pool(cluster: CephTestCluster, expected: PoolState, timeout: float = 60) -> PoolState:
+    """The pool once it equals `expected` (the mgr purges the trash in the background)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = read_pool(cluster)
+        if state == expected or time.monotonic() > deadline:
+            return state
+        time.sleep(0.5)
+
+
+_CHILD = r"""
+import sys, rados, rbd
+op, pool, mon, key, name, image_id = sys.argv[1:7]
+client = rados.Rados(rados_id="admin", conf={"mon_host": mon, "key": key}); client.connect()
+io = client.open_ioctx(pool)
+print("ready", flush=True); sys.stdin.readline()
+if op == "create":
+    rbd.RBD().create(io, name, 8 << 20, old_format=False, features=1)
+elif op == "trash_move":
+    rbd.RBD().trash_move(io, name, 0)
+elif op == "trash_remove":
+    rbd.RBD().trash_remove(io, image_id, force=True)
+print("done", flush=True)
+"""
+
+
+def kill_inside(cluster: CephTestCluster, op: str, name: str, image_id: str = "", max_delay: float = 0.03) -> None:
+    """Run one librbd call in a child and SIGKILL it a random instant after it starts."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, op, cluster.pool, cluster.mon_host, cluster.admin_key, name, image_id],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    time.sleep(random.uniform(0, max_delay))
+    child.kill()
+    child.wait()
+
+
+def image_state(cluster: CephTestCluster, name: str, image_id: str = "") -> imagestate.ImageState:
+    with admin_ioctx(cluster) as io:
+        return imagestate.inspect(io, name, image_id)
+
+
+def until_state(
+    make: Callable[[], tuple[str, str]],
+    crash: Callable[[str, str], None],
+    wanted: Callable[[imagestate.ImageState], bool],
+    cluster: CephTestCluster,
+    discard: Callable[[str], None],
+    attempts: int = 80,
+) -> tuple[str, imagestate.ImageState]:
+    """Repeat make → crash until the image is left in a `wanted` state. `make` returns
+    (volume id, image name); attempts that missed are handed to `discard` (which must clean
+    up whatever state they left, so it is tested too). Returns (volume id, state)."""
+    for _ in range(attempts):
+        volume_id, name = make()
+        crash(volume_id, name)
+        state = image_state(cluster, name, _known_id(cluster, volume_id))
+        if wanted(state):
+            return volume_id, state
+        discard(volume_id)
+    raise AssertionError(f"no attempt of {attempts} left the wanted state")
+
+
+def _known_id(cluster: CephTestCluster, volume_id: str) -> str:
+    uuid = volume_id[-36:]
+    return cluster.omap(f"csi.volume.{uuid}").get("csi.imageid", "")

@@ -1,0 +1,196 @@
+"""Crashes *inside* librbd calls, and create/delete races between two driver processes.
+
+Each half-done state below is produced for real: a child process runs the librbd call and is
+SIGKILLed at a random instant, until the pool shows the state (see cephcsi.ceph.imagestate for
+the shapes found this way). Then the driver's retry must leave nothing behind: no directory
+entry, no trash entry (after the mgr purges), no journal object.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import grpc
+import pytest
+import rbd
+
+from cephcsi._generated import csi_pb2
+from cephcsi.ceph.imagestate import ImageState, TrashState
+from tests.ceph.fixtures import CephTestCluster
+from tests.integration.controller.helpers import create_request, image_of, until_ok
+from tests.integration.controller.pool_state import (
+    admin_ioctx,
+    kill_inside,
+    read_pool,
+    until_state,
+    wait_for_pool,
+)
+from tests.integration.driver import DriverProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.ceph, pytest.mark.slow]
+
+
+@pytest.fixture
+def controller(fresh_driver: Callable[..., DriverProcess]) -> DriverProcess:
+    return fresh_driver()
+
+
+def _delete(driver: DriverProcess, cluster: CephTestCluster, volume_id: str) -> None:
+    """Delete as a provisioner does: retried, also on FAILED_PRECONDITION, since a killed
+    child's watch on the image lasts until the OSD's watch timeout (30 s)."""
+    request = csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=cluster.secrets)
+    until_ok(lambda: driver.controller.DeleteVolume(request, timeout=60), deadline=90,
+             also=(grpc.StatusCode.FAILED_PRECONDITION,))
+
+
+def _creator(driver: DriverProcess, cluster: CephTestCluster) -> Callable[[], tuple[str, str]]:
+    def make() -> tuple[str, str]:
+        volume = driver.controller.CreateVolume(create_request(cluster), timeout=60).volume
+        return volume.volume_id, image_of(volume.volume_id)
+
+    return make
+
+
+def _moving(state: ImageState) -> bool:
+    return state.trash is not None and state.trash.state is TrashState.MOVING
+
+
+def test_delete_finishes_a_trash_move_killed_inside_librbd(controller: DriverProcess, ceph_cluster: CephTestCluster) -> None:
+    """MOVING entries are what the mgr's purge fails on forever (EUCLEAN); the old driver
+    removed the journal anyway and leaked them."""
+    baseline = read_pool(ceph_cluster)
+    seen: set[tuple[bool, bool]] = set()
+    for _ in range(2):  # two MOVING shapes at least (with/without the directory entry)
+        volume_id, state = until_state(
+            _creator(controller, ceph_cluster),
+            lambda _vid, name: kill_inside(ceph_cluster, "trash_move", name, max_delay=0.02),
+            lambda s: _moving(s) and (s.directory, s.id_object) not in seen,
+            ceph_cluster,
+            lambda vid: _delete(controller, ceph_cluster, vid),
+        )
+        seen.add((state.directory, state.id_object))
+        _delete(controller, ceph_cluster, volume_id)
+    # A killed trash_move leaves the child's watch on the header until the OSD's watch timeout;
+    # the mgr's purge fails EBUSY meanwhile and retries after 30 s, then 60 s.
+    assert wait_for_pool(ceph_cluster, baseline, timeout=150) == baseline
+
+
+def test_delete_finishes_a_trash_removal_killed_inside_librbd(controller: DriverProcess, ceph_cluster: CephTestCluster) -> None:
+    baseline = read_pool(ceph_cluster)
+
+    def trash_then_crash(volume_id: str, name: str) -> None:
+        with admin_ioctx(ceph_cluster) as io:
+            image_id = rbd.Image(io, name, read_only=True).id()
+            rbd.RBD().trash_move(io, name, 0)
+        kill_inside(ceph_cluster, "trash_remove", name, image_id, max_delay=0.05)
+
+    volume_id, state = until_state(
+        _creator(controller, ceph_cluster),
+        trash_then_crash,
+        lambda s: s.trash is not None and s.trash.state is TrashState.REMOVING,
+        ceph_cluster,
+        lambda vid: _delete(controller, ceph_cluster, vid),
+    )
+    _delete(controller, ceph_cluster, volume_id)
+    # The killed child's watch on the header keeps the mgr's removal busy until it expires.
+    assert wait_for_pool(ceph_cluster, baseline, timeout=150) == baseline
+
+
+def test_partial_create_is_completed_by_create_and_removed_by_delete(
+    controller: DriverProcess, ceph_cluster: CephTestCluster
+) -> None:
+    """Debris of a create killed inside librbd: a directory entry (and id object) without a
+    header. The old driver's delete saw no image and dropped the journal, leaking it."""
+    baseline = read_pool(ceph_cluster)
+
+    def remove_then_crash_create(volume_id: str, name: str) -> None:
+        with admin_ioctx(ceph_cluster) as io:
+            rbd.RBD().remove(io, name)
+        kill_inside(ceph_cluster, "create", name, max_delay=0.03)
+
+    for retry_create_first in (True, False):
+        request = create_request(ceph_cluster)
+
+        def make() -> tuple[str, str]:
+            volume = controller.controller.CreateVolume(request, timeout=60).volume
+            return volume.volume_id, image_of(volume.volume_id)
+
+        volume_id, state = until_state(
+            make, remove_then_crash_create, lambda s: s.partial_create, ceph_cluster,
+            lambda vid: _delete(controller, ceph_cluster, vid),
+        )
+        if retry_create_first:
+            again = controller.controller.CreateVolume(request, timeout=60).volume
+            assert again.volume_id == volume_id
+            with admin_ioctx(ceph_cluster) as io, rbd.Image(io, image_of(volume_id), read_only=True) as image:
+                assert image.size() == request.capacity_range.required_bytes
+        _delete(controller, ceph_cluster, volume_id)
+        assert wait_for_pool(ceph_cluster, baseline) == baseline
+
+
+def test_create_and_delete_of_one_name_exclude_each_other_across_processes(
+    fresh_driver: Callable[..., DriverProcess], ceph_cluster: CephTestCluster
+) -> None:
+    """Process A deletes the volume and pauses after removing the image; process B creates the
+    same name meanwhile. B must not adopt the dying journal entry (the old driver returned the
+    dying volume's id with a record made up in memory, and leaked B's image)."""
+    baseline = read_pool(ceph_cluster)
+    deleter = fresh_driver({"CEPHCSI_FAILPOINTS": "delete.after-image:pause=2"})
+    creator = fresh_driver()
+    request = create_request(ceph_cluster)
+    first = creator.controller.CreateVolume(request, timeout=60).volume
+
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def delete() -> None:
+        try:
+            _delete(deleter, ceph_cluster, first.volume_id)
+        except BaseException as error:  # noqa: BLE001 - reported by the test thread
+            errors.append(error)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=delete)
+    thread.start()
+    with pytest.raises(grpc.RpcError) as caught:
+        # Issued while the deleter holds the volume (it pauses for 2 s after removing the image).
+        threading.Event().wait(0.8)
+        creator.controller.CreateVolume(request, timeout=60)
+    assert caught.value.code() == grpc.StatusCode.ABORTED, caught.value.details()
+    done.wait(30)
+    thread.join()
+    assert not errors, errors
+    second = until_ok(lambda: creator.controller.CreateVolume(request, timeout=60)).volume
+    assert second.volume_id != first.volume_id, "the new volume must not reuse the deleted journal entry"
+    with admin_ioctx(ceph_cluster) as io, rbd.Image(io, image_of(second.volume_id), read_only=True):
+        pass  # its image exists
+    _delete(creator, ceph_cluster, second.volume_id)
+    assert wait_for_pool(ceph_cluster, baseline) == baseline
+
+
+def test_find_releases_a_name_whose_create_died_before_the_record(
+    fresh_driver: Callable[..., DriverProcess], ceph_cluster: CephTestCluster
+) -> None:
+    """A claim deleted mid-provisioning is cleaned up through find → DeleteVolume; a name
+    reserved by a create killed before its record was written used to stay forever."""
+    baseline = read_pool(ceph_cluster)
+    request = create_request(ceph_cluster)
+    crashing = fresh_driver({"CEPHCSI_FAILPOINTS": "create.after-reserve"})
+    with pytest.raises(grpc.RpcError):
+        crashing.controller.CreateVolume(request, timeout=60)
+    assert read_pool(ceph_cluster) != baseline  # the reserved name key
+    from cephcsi.ceph.connection import ConnectionCache
+    from cephcsi.ceph.credentials import Credentials
+    from cephcsi.config.clusters import ClusterRegistry
+    from cephcsi.settings import CephSettings
+    from cephcsi.volumes.manager import VolumeManager
+    from cephcsi.volumes.parameters import VolumeParameters
+
+    config = crashing.config_file
+    manager = VolumeManager(ClusterRegistry(config), ConnectionCache(CephSettings()), "default", journal_lock_seconds=2)
+    params = VolumeParameters.parse(dict(request.parameters))
+    credentials = Credentials.from_secrets(ceph_cluster.secrets)
+    found = until_ok(lambda: manager.find(request.name, params, credentials))
+    assert found is None
+    assert wait_for_pool(ceph_cluster, baseline) == baseline
