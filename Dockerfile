@@ -7,25 +7,44 @@
 #     the DaemonSet sets runAsUser: 0 and privileged: true, overriding USER below.
 #
 # Build:  docker build -t registry.example.com/storage/cephcsi:0.1.0 .
+#    or:  podman build -t ... .   /   buildah bud -t ... .
+#    or, without a registry or Docker daemon (base image made with debootstrap):
+#         scripts/build-image.sh   (writes a docker-archive tar for `ctr images import`)
 # Pin the base by digest for fully reproducible builds:
-#   docker build --build-arg DEBIAN_IMAGE=debian:12.11-slim@sha256:<digest> ...
+#   docker build --build-arg DEBIAN_IMAGE=debian:13.8-slim@sha256:<digest> ...
 #
-# Python: Debian's python3 (3.11), because Ceph's rados/rbd bindings exist only as Debian
-# packages built for it (PyPI has none). cephcsi and its PyPI dependencies live in a venv,
-# and only the two binding modules are linked into it, exactly as scripts/setup.sh does for
-# development: the image runs the same interpreter, bindings and dependency set as the test
-# suite. (--system-site-packages would instead let Debian's own python3-* packages, pulled
-# in by ceph-common, satisfy or shadow cephcsi's requirements.)
+# Every RUN line is plain POSIX sh, no SHELL instruction: podman and buildah build OCI-format
+# images by default, and the OCI format has no SHELL, so /bin/sh (dash) runs RUN lines there
+# whatever a SHELL line says. Writing for sh makes docker, podman and buildah build alike.
+#
+# Debian 13 (trixie): its Ceph client is Reef 18.2.7 (bookworm's Pacific 16.2.15 is end of
+# life), with rados/rbd bindings for its Python 3.13. Development machines and the test
+# cluster stay on bookworm (Pacific, Python 3.11); the code supports both clients.
+#
+# Python: Debian's python3, because Ceph's rados/rbd bindings exist only as Debian packages
+# built for it (PyPI has none). cephcsi and its PyPI dependencies live in a venv, and only the
+# two binding modules are linked into it, exactly as scripts/setup.sh does for development.
+# (--system-site-packages would instead let Debian's own python3-* packages, pulled in by
+# ceph-common, satisfy or shadow cephcsi's requirements.)
+#
+# Debian packages come from scripts/packages.sh, run inside each stage so it picks the lists of
+# the base image's release. Versions are not pinned (hence DL3008 ignored below): Debian's
+# archive keeps only the newest build of each package, so an exact pin breaks the build at the
+# next security update; the base image tag fixes the point release and with it the Python
+# minor version the bindings are built for.
 
-ARG DEBIAN_IMAGE=debian:12.11-slim
+ARG DEBIAN_IMAGE=debian:13.8-slim
 
 # ---- builder: wheels for cephcsi and its dependencies, then the runtime venv ------------
 FROM ${DEBIAN_IMAGE} AS builder
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      python3=3.11.2-1+b1 python3-venv=3.11.2-1+b1 \
+COPY scripts/packages.sh /usr/share/cephcsi/packages.sh
+# The assignment fails the RUN if packages.sh does (unknown release), so apt-get never runs
+# with an empty list; $packages is unquoted on purpose: one word per package (SC2086).
+# hadolint ignore=DL3008,SC2086
+RUN packages="$(sh /usr/share/cephcsi/packages.sh builder)" \
+ && apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $packages \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src
@@ -35,7 +54,8 @@ COPY cephcsi/ cephcsi/
 
 # `pip wheel` builds cephcsi in an isolated build environment: setup.py generates the gRPC
 # stubs there with grpcio-tools (a build requirement in pyproject.toml, never installed in
-# the image). All dependencies come as wheels too, so the runtime venv installs offline.
+# the image) and packages them (.dockerignore keeps any local stubs out of the context).
+# All dependencies come as wheels too, so the runtime venv installs offline.
 RUN python3 -m venv /opt/build \
  && /opt/build/bin/pip wheel --no-cache-dir --wheel-dir /wheels .
 
@@ -55,23 +75,20 @@ RUN python3 -m venv /opt/cephcsi \
 
 # ---- final image ---------------------------------------------------------------------------
 FROM ${DEBIAN_IMAGE}
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 LABEL org.opencontainers.image.title="cephcsi" \
       org.opencontainers.image.description="Ceph RBD CSI driver with the Kubernetes CSI sidecars embedded" \
       org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.licenses="Apache-2.0"
 
-# The Debian runtime packages come from scripts/packages.sh, the list scripts/setup.sh
-# installs on development machines, so the image and the tested machines cannot drift.
-# Versions are not pinned: bookworm's archive keeps only the newest build of each package,
-# so an exact pin would break the build at the next security update; the base image tag
-# fixes the Debian point release instead.
+# The runtime list of scripts/packages.sh, the list scripts/setup.sh installs on development
+# machines, so the image and the tested machines cannot drift. It includes kmod: the node
+# plugin loads rbd/nbd with modprobe from the host's /lib/modules (mounted by the DaemonSet).
 COPY scripts/packages.sh /usr/share/cephcsi/packages.sh
-# hadolint ignore=DL3008
-RUN source /usr/share/cephcsi/packages.sh \
+# hadolint ignore=DL3008,SC2086
+RUN packages="$(sh /usr/share/cephcsi/packages.sh runtime)" \
  && apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${RUNTIME_DEB_PACKAGES[@]}" \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $packages \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --user-group --no-create-home \
       --home-dir /nonexistent --shell /usr/sbin/nologin cephcsi
@@ -81,8 +98,14 @@ ENV PATH="/opt/cephcsi/bin:${PATH}" \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 
-# Fail the build, not the pod, if the bindings or the generated stubs are missing.
-RUN python -c 'import rados, rbd, cephcsi._generated.csi_pb2' && cephcsi --version
+# Fail the build, not the pod, if the bindings, the generated stubs or a tool the node plugin
+# runs are missing.
+RUN python -c 'import rados, rbd, cephcsi._generated.csi_pb2' \
+ && cephcsi --version \
+ && modprobe --version \
+ && for tool in rbd rbd-nbd rbd-fuse losetup mount umount blkid mkfs.ext4 mkfs.xfs; do \
+      command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }; \
+    done
 
 USER 10001:10001
 ENTRYPOINT ["cephcsi"]

@@ -9,13 +9,15 @@ cd "$(dirname "$0")/.."
 CSI_SANITY_VERSION="${CSI_SANITY_VERSION:-v5.4.0}"
 VENV="${VENV:-.venv}"
 
-# Kept in one place so the Dockerfile installs exactly the same runtime packages.
-source scripts/packages.sh
-
 log() { printf '[setup] %s\n' "$*"; }
 
+# Kept in one place so the Dockerfile installs exactly the same runtime packages; an
+# unsupported Debian release stops here (set -e), it never yields an empty list.
+deb_list=$(scripts/packages.sh runtime test)
+mapfile -t deb_packages <<<"$deb_list"
+
 missing=()
-for pkg in "${RUNTIME_DEB_PACKAGES[@]}" "${TEST_DEB_PACKAGES[@]}"; do
+for pkg in "${deb_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if ((${#missing[@]})); then

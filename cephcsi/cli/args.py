@@ -60,7 +60,8 @@ def _bool(text: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="cephcsi", description="Ceph RBD CSI driver with the CSI sidecars embedded.")
+    p = _Parser(prog="cephcsi", description="Ceph RBD CSI driver with the CSI sidecars embedded.",
+                epilog="Also: `cephcsi audit --help` (find and repair journal/pool inconsistencies).")
     p.add_argument("--version", action="version", version=f"cephcsi {__version__}")
     g = p.add_argument_group("driver")
     g.add_argument("--mode", choices=MODES, required=True, help="controller: Identity+Controller (+provisioner, attacher); node: Identity+Node (+registrar); all: everything")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -91,6 +92,12 @@ class Lifetime:
 def run(settings: Settings) -> int:
     clusters = ClusterRegistry(settings.config_file)
     services = _services(settings, clusters)
+    if services.node is not None:
+        from cephcsi.node.mappers.select import resolve_at_start
+
+        # The default mapper decides whether volumes survive a plugin restart: choose it now,
+        # so the start-up log and cephcsi_node_mapper_info show it before any volume is staged.
+        resolve_at_start(services.node.service.choice)
     lifetime = Lifetime()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -132,6 +139,12 @@ def run(settings: Settings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["audit"]:
+        # A subcommand only as the first word: `cephcsi --mode=...` parses exactly as before.
+        from cephcsi.cli.audit import main as audit_main
+
+        return audit_main(args[1:])
     settings = parse_settings(argv)
     cephcsi_logging.configure(settings.log_level, settings.log_json)
     try:

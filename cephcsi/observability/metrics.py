@@ -5,7 +5,7 @@ Metric objects are module-level because prometheus_client registries are process
 """
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -27,4 +27,12 @@ SLOW_CALLS = Counter(
     "cephcsi_slow_operations_total",
     "CSI operations that took longer than the slow-call threshold.",
     ["method_name"],
+)
+
+NODE_MAPPER = Gauge(
+    "cephcsi_node_mapper_info",
+    "The node plugin's default mapper: 1 for the one volumes without a StorageClass 'mounter' get "
+    "(selection 'auto' when --mounter=auto picked it, 'configured' when --mounter named it). "
+    "rbd-nbd and fuse mappings end when the node plugin restarts.",
+    ["mapper", "selection"],
 )

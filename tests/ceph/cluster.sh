@@ -10,14 +10,17 @@
 #       unresponsive cluster that comes back with its data (memstore loses data on restart)
 #
 # DIR must be short (unix socket paths are limited to 107 bytes).
+# CEPH_ADDR (default 127.0.0.1): the IPv4 address the mon, mgr and OSD bind to. Pods on a CNI
+# bridge cannot reach loopback, so the e2e node runs the cluster on its node IP.
 set -euo pipefail
+addr="${CEPH_ADDR:-127.0.0.1}"
 
 cmd="${1:?usage: cluster.sh start|stop|stop-mon|start-mon DIR [POOL]}"
 dir="${2:?cluster folder}"
 pool="${3:-rbd}"
 
 free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+  python3 -c 'import socket; s=socket.socket(); s.bind(("'"$addr"'",0)); print(s.getsockname()[1]); s.close()'
 }
 
 stop_pidfile() {
@@ -53,8 +56,8 @@ start() {
   cat >"$conf" <<CONF
 [global]
 fsid = $fsid
-mon host = [v2:127.0.0.1:$v2,v1:127.0.0.1:$v1]
-public network = 127.0.0.1/32
+mon host = [v2:$addr:$v2,v1:$addr:$v1]
+public network = $addr/32
 auth cluster required = cephx
 auth service required = cephx
 auth client required = cephx
@@ -97,7 +100,7 @@ CONF
   $ks "$dir/mgr.keyring" --gen-key -n mgr.x --cap mon 'profile mgr' --cap osd 'allow *' --cap mds 'allow *' >/dev/null
   ceph-authtool "$dir/mon.keyring" --import-keyring "$dir/client.admin.keyring" >/dev/null
   ceph-authtool "$dir/mon.keyring" --import-keyring "$dir/mgr.keyring" >/dev/null
-  monmaptool --create --fsid "$fsid" --addv a "[v2:127.0.0.1:$v2,v1:127.0.0.1:$v1]" "$dir/monmap" >/dev/null
+  monmaptool --create --fsid "$fsid" --addv a "[v2:$addr:$v2,v1:$addr:$v1]" "$dir/monmap" >/dev/null
   ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" --keyring "$dir/mon.keyring" 2>>"$dir/log/setup.log"
   cp "$dir/mgr.keyring" "$dir/mgr/ceph-x/keyring"
   ceph-mon -c "$conf" -i a
@@ -132,8 +135,8 @@ sys.exit(0 if tot>0 and clean==tot else 1)'"
 CEPH_DIR=$dir
 CEPH_CONF=$conf
 CEPH_FSID=$fsid
-CEPH_MON_HOST=127.0.0.1:$v1
-CEPH_MON_V2=127.0.0.1:$v2
+CEPH_MON_HOST=$addr:$v1
+CEPH_MON_V2=$addr:$v2
 CEPH_POOL=$pool
 CEPH_ADMIN_KEY=$admin_key
 CEPH_CSI_USER=csi

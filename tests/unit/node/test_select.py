@@ -57,3 +57,45 @@ def test_volume_context_overrides_node_default() -> None:
 def test_configured_default() -> None:
     assert MapperChoice("krbd", _probe(set(), set())).for_volume("") == "krbd"
     assert normalize("rbd-fuse", "x") == "fuse"
+
+
+# ---- visibility of the node default (issue 12: auto silently picking a userspace mapper) ----
+
+def _gauge(mapper: str, selection: str) -> float | None:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("cephcsi_node_mapper_info", {"mapper": mapper, "selection": selection})
+
+
+def test_auto_choice_is_logged_with_its_reason_and_published(caplog: pytest.LogCaptureFixture) -> None:
+    from cephcsi.node.mappers.select import resolve_at_start
+
+    caplog.set_level("INFO", logger="cephcsi.node.mappers.select")
+    assert resolve_at_start(MapperChoice("auto", _probe(*FUSE_NODE))) == "fuse"
+    assert _gauge("fuse", "auto") == 1
+    info = [r for r in caplog.records if r.getMessage() == "node default mapper"]
+    assert len(info) == 1 and info[0].levelname == "INFO"
+    assert "modprobe rbd failed" in str(info[0].__dict__)
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings and "end when it restarts" in warnings[0].getMessage()
+    assert "OnDelete" in warnings[0].getMessage()
+
+
+def test_krbd_is_published_without_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    from cephcsi.node.mappers.select import resolve_at_start
+
+    caplog.set_level("INFO", logger="cephcsi.node.mappers.select")
+    assert resolve_at_start(MapperChoice("krbd", _probe(set(), set()))) == "krbd"
+    assert _gauge("krbd", "configured") == 1
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_no_mapper_at_start_is_logged_and_probed_again_later(caplog: pytest.LogCaptureFixture) -> None:
+    from cephcsi.node.mappers.select import resolve_at_start
+
+    modules: set[str] = set()
+    choice = MapperChoice("auto", NodeProbe(exists=lambda p: False, which=lambda b: None, modprobe=lambda m: m in modules))
+    assert resolve_at_start(choice) is None
+    assert [r for r in caplog.records if r.levelname == "ERROR"]
+    modules.add("rbd")  # an admin loads the module: the next stage request finds it
+    assert choice.for_volume("") == "krbd"

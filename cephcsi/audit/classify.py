@@ -1,0 +1,216 @@
+"""Snapshot → findings: pure functions, no I/O, so every rule is unit-tested on its own.
+
+The rules only call something a problem when no operation of the driver can be in the middle
+of producing it *and* finishing it by itself (a NORMAL trash entry with a queued purge is a
+delete in progress, not a finding). A snapshot can still catch a create or delete between two
+steps; that is why `--repair` re-checks every finding under the volume's journal lock.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from cephcsi.audit.model import Finding, Fix, Kind, RecordView, Snapshot, TrashView
+from cephcsi.ceph.imagestate import TrashState
+
+NO_KUBE = "no --kubeconfig given, so no PV can be ruled out"
+
+
+def classify(snap: Snapshot) -> list[Finding]:
+    findings = [
+        *journal_findings(snap),
+        *image_findings(snap),
+        *trash_findings(snap),
+        *pv_findings(snap),
+    ]
+    return sorted(findings, key=lambda f: (f.kind.value, f.subject))
+
+
+def _trash_by_id(snap: Snapshot) -> dict[str, TrashView]:
+    return {entry.image_id: entry for entry in snap.trash}
+
+
+def image_id_of(snap: Snapshot, record: RecordView) -> str:
+    return record.image_id or snap.directory.get(record.image_name) or snap.id_objects.get(record.image_name, "")
+
+
+def image_is_live(snap: Snapshot, name: str, image_id: str) -> bool:
+    """Openable by name and not on its way to the trash (imagestate.ImageState.live)."""
+    return bool(image_id) and image_id in snap.headers and name in snap.id_objects and \
+        image_id not in _trash_by_id(snap)
+
+
+def _pv_block(snap: Snapshot, uuid: str, image_name: str) -> str:
+    """Why an action that touches this volume's image must wait for a person, or ''."""
+    names = snap.pvs_naming(uuid, image_name)
+    return f"PersistentVolume {', '.join(names)} names it" if names else ""
+
+
+def journal_findings(snap: Snapshot) -> list[Finding]:
+    found: list[Finding] = []
+    for name, uuid in sorted(snap.name_keys.items()):
+        record = snap.records.get(uuid)
+        if record is None or not record.name:
+            found.append(Finding(Kind.DANGLING_KEY, name, f"name key points at journal record {uuid}, which "
+                                 f"{'holds no name' if record else 'does not exist'}",
+                                 uuid=uuid, name=name, fix=Fix.RELEASE_KEY))
+        elif record.name != name:
+            found.append(Finding(Kind.NAME_MISMATCH, name, f"name key points at record {uuid}, which belongs to "
+                                 f"{record.name!r}", uuid=uuid, name=name,
+                                 why_not="the journal cannot say which is right; inspect both names"))
+        else:
+            found.extend(_dangling_record(snap, record))
+    referenced = set(snap.name_keys.values()) | snap.foreign_uuids
+    for uuid, record in sorted(snap.records.items()):
+        if uuid not in referenced:
+            found.append(_orphan_record(snap, record))
+    return found
+
+
+def _dangling_record(snap: Snapshot, record: RecordView) -> list[Finding]:
+    """A named record whose image is gone (not live, not in the trash)."""
+    image_id = image_id_of(snap, record)
+    if image_is_live(snap, record.image_name, image_id) or (image_id and image_id in _trash_by_id(snap)):
+        return []
+    blocked = _pv_block(snap, record.uuid, record.image_name)
+    return [Finding(Kind.DANGLING_RECORD, record.name, f"journal record {record.uuid} names image "
+                    f"{record.image_name!r}, which is gone", uuid=record.uuid, name=record.name,
+                    image_name=record.image_name, image_id=image_id,
+                    fix=None if blocked else Fix.REMOVE_RECORD, why_not=blocked)]
+
+
+def _orphan_record(snap: Snapshot, record: RecordView) -> Finding:
+    subject = f"csi.volume.{record.uuid}"
+    if not record.name:
+        return Finding(Kind.ORPHAN_RECORD, subject, "empty journal record object (a lock left by a killed "
+                       "create) that no name key points at", uuid=record.uuid, fix=Fix.REMOVE_RECORD)
+    image_id = image_id_of(snap, record)
+    detail = f"journal record of {record.name!r} (image {record.image_name!r}) that no name key points at"
+    if image_is_live(snap, record.image_name, image_id):
+        return Finding(Kind.ORPHAN_RECORD, subject, detail, uuid=record.uuid, name=record.name,
+                       image_name=record.image_name, image_id=image_id,
+                       why_not="its image is live; find out who uses it before removing anything")
+    blocked = _pv_block(snap, record.uuid, record.image_name)
+    return Finding(Kind.ORPHAN_RECORD, subject, detail, uuid=record.uuid, name=record.name,
+                   image_name=record.image_name, image_id=image_id,
+                   fix=None if blocked else Fix.REMOVE_RECORD, why_not=blocked)
+
+
+def _claimed_images(snap: Snapshot) -> set[str]:
+    return {r.image_name for r in snap.records.values() if r.name and r.image_name}
+
+
+def image_findings(snap: Snapshot) -> list[Finding]:
+    """Orphan images, partial creates and headers nothing leads to."""
+    found: list[Finding] = []
+    trash = _trash_by_id(snap)
+    claimed = _claimed_images(snap)
+    for name in sorted(set(snap.directory) | set(snap.id_objects)):
+        image_id = snap.directory.get(name) or snap.id_objects.get(name, "")
+        uuid = snap.uuid_of(name)
+        if image_id in trash:
+            continue  # a trash move in progress or interrupted: judged with the trash
+        if image_id not in snap.headers:
+            found.append(_partial_create(name, image_id, uuid))
+        elif uuid and name not in claimed and name in snap.id_objects:
+            found.append(_orphan_image(snap, name, image_id, uuid))
+    reachable = set(snap.directory.values()) | set(snap.id_objects.values()) | set(trash)
+    for image_id in sorted(snap.headers - reachable):
+        found.append(Finding(Kind.STRAY_HEADER, f"rbd_header.{image_id}", "image header with no name and no "
+                             "trash entry (it may hold data)", image_id=image_id, ours=False,
+                             why_not="holds data and names no owner; inspect it with `rados listomapvals`"))
+    return found
+
+
+def _partial_create(name: str, image_id: str, uuid: str) -> Finding:
+    return Finding(Kind.PARTIAL_CREATE, name, f"directory entry or id object (id {image_id or '?'}) without an "
+                   "image header: the debris of a create that was killed (holds no data)",
+                   uuid=uuid, image_name=name, image_id=image_id, ours=bool(uuid),
+                   fix=Fix.REMOVE_PARTIAL if uuid else None,
+                   why_not="" if uuid else "not named like this driver's images")
+
+
+def _orphan_image(snap: Snapshot, name: str, image_id: str, uuid: str) -> Finding:
+    detail = "image named like this driver's with no journal record"
+    if snap.pvs is None:
+        return Finding(Kind.ORPHAN_IMAGE, name, detail, uuid=uuid, image_name=name, image_id=image_id,
+                       why_not=NO_KUBE)
+    blocked = _pv_block(snap, uuid, name)
+    if blocked:
+        return Finding(Kind.ORPHAN_IMAGE, name, f"{detail} ({blocked})", uuid=uuid, image_name=name,
+                       image_id=image_id, why_not=blocked)
+    return Finding(Kind.ORPHAN_IMAGE, f"{name}", f"{detail} and no PersistentVolume", uuid=uuid,
+                   image_name=name, image_id=image_id, fix=Fix.TRASH_ORPHAN)
+
+
+def _owner_uuid(snap: Snapshot, entry: TrashView) -> str:
+    """The journal uuid a trash entry belongs to: from its name, or a record holding its id."""
+    uuid = snap.uuid_of(entry.name)
+    if uuid:
+        return uuid
+    return next((r.uuid for r in snap.records.values() if r.image_id and r.image_id == entry.image_id), "")
+
+
+def trash_findings(snap: Snapshot) -> list[Finding]:
+    found: list[Finding] = []
+    for entry in snap.trash:
+        finding = _trash_finding(snap, entry, _owner_uuid(snap, entry))
+        if finding is not None:
+            found.append(finding)
+    return found
+
+
+def _trash_finding(snap: Snapshot, entry: TrashView, uuid: str) -> Finding | None:
+    task = None if snap.tasks is None else snap.tasks.get(entry.image_id)
+    failing = f"; the mgr's purge fails: {task.message}" if task and task.attempts else ""
+    blocked = "not this driver's image" if not uuid else _pv_block(snap, uuid, entry.name)
+    base = Finding(Kind.TRASH_MOVING, f"trash:{entry.image_id}", "", uuid=uuid, image_name=entry.name,
+                   image_id=entry.image_id, ours=bool(uuid), why_not=blocked)
+
+    def finding(kind: Kind, detail: str, fix: Fix | None) -> Finding:
+        return replace(base, kind=kind, detail=f"{entry.name!r} {detail}", fix=None if blocked else fix)
+
+    if entry.state is TrashState.MOVING:
+        return finding(Kind.TRASH_MOVING, f"is half moved to the trash (state MOVING)"
+                       f"{failing or '; the mgr cannot purge it'}", Fix.FINISH_MOVE)
+    if snap.tasks is None or entry.state is TrashState.RESTORING:
+        return None  # no task list: an unqueued entry cannot be told from a queued one
+    if entry.state is TrashState.REMOVING:
+        if task and not task.attempts:
+            return None  # the mgr is purging it right now
+        return finding(Kind.TRASH_REMOVING, f"is half removed (state REMOVING){failing or ' and no purge is queued'}",
+                       Fix.PURGE)
+    if entry.deferred_until > snap.now:
+        return None  # deferred on purpose (e.g. an orphan moved by --repair-orphan-images)
+    if task and task.attempts:
+        return replace(finding(Kind.TRASH_UNPURGEABLE, f"is in the trash{failing}", None),
+                       why_not="the mgr keeps retrying; fix the cause it reports")
+    if task is None and uuid:
+        return finding(Kind.TRASH_UNQUEUED, "is in the trash and no purge is queued", Fix.PURGE)
+    return None
+
+
+def pv_findings(snap: Snapshot) -> list[Finding]:
+    """Only with a kubeconfig; reported, never repaired: a PV is a person's decision."""
+    if snap.pvs is None:
+        return []
+    found: list[Finding] = []
+    for pv in snap.pvs:
+        if not pv.uuid:
+            continue  # a static PV: its image is named by imageName and only protects it
+        record = snap.records.get(pv.uuid)
+        if record is None or not record.name:
+            found.append(Finding(Kind.PV_IMAGE_GONE, pv.name, f"names volume {pv.uuid}, which the journal "
+                                 "does not know", uuid=pv.uuid, why_not="a PV is never repaired"))
+        elif not image_is_live(snap, record.image_name, image_id_of(snap, record)):
+            found.append(Finding(Kind.PV_IMAGE_GONE, pv.name, f"names image {record.image_name!r}, which is "
+                                 f"not there (phase {pv.phase or '?'})", uuid=pv.uuid, name=record.name,
+                                 image_name=record.image_name, why_not="a PV is never repaired"))
+    named = {pv.uuid for pv in snap.pvs}
+    for name, uuid in sorted(snap.name_keys.items()):
+        record = snap.records.get(uuid)
+        if record and record.name == name and uuid not in named and \
+                image_is_live(snap, record.image_name, image_id_of(snap, record)):
+            found.append(Finding(Kind.IMAGE_WITHOUT_PV, record.image_name, f"journaled for {name!r} but no "
+                                 "PersistentVolume names it", uuid=uuid, name=name, image_name=record.image_name,
+                                 why_not="delete it through its claim, or with the driver's DeleteVolume"))
+    return found

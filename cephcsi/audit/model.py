@@ -1,0 +1,154 @@
+"""What an audit reads (a `Snapshot` of one pool/namespace) and what it concludes (`Finding`s
+and `Repair`s). Plain frozen dataclasses, so the classification is a pure function that the
+unit tests can feed by hand."""
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from cephcsi.ceph.imagestate import TrashState
+
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+class Kind(str, enum.Enum):
+    """Every inconsistency the audit knows, by the name scripts see in `--json`."""
+
+    ORPHAN_IMAGE = "orphan-image"
+    DANGLING_RECORD = "dangling-record"
+    DANGLING_KEY = "dangling-key"
+    ORPHAN_RECORD = "orphan-record"
+    NAME_MISMATCH = "record-name-mismatch"
+    TRASH_MOVING = "trash-moving"
+    TRASH_REMOVING = "trash-removing"
+    TRASH_UNPURGEABLE = "trash-unpurgeable"
+    TRASH_UNQUEUED = "trash-unqueued"
+    PARTIAL_CREATE = "partial-create"
+    STRAY_HEADER = "stray-header"
+    PV_IMAGE_GONE = "pv-image-gone"
+    IMAGE_WITHOUT_PV = "image-without-pv"
+
+
+class Fix(str, enum.Enum):
+    """What `--repair` would do about a finding."""
+
+    RELEASE_KEY = "release-key"
+    REMOVE_RECORD = "remove-record"
+    FINISH_MOVE = "finish-trash-move-and-purge"
+    PURGE = "queue-trash-purge"
+    REMOVE_PARTIAL = "remove-partial-create"
+    TRASH_ORPHAN = "move-orphan-to-trash"
+
+
+class Outcome(str, enum.Enum):
+    REPAIRED = "repaired"
+    RESOLVED = "already-resolved"
+    """The re-check under the lock found the problem gone (an operation in flight finished)."""
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class RecordView:
+    """One journal record object as read; `name` is '' for an empty object (a lock left by a
+    create killed right after locking)."""
+
+    uuid: str
+    name: str
+    image_name: str = ""
+    image_id: str = ""
+
+
+@dataclass(frozen=True)
+class TrashView:
+    image_id: str
+    name: str
+    state: TrashState
+    deferred_until: float = 0.0
+    """Epoch seconds before which librbd refuses a plain purge (`rbd trash mv --expires-at`)."""
+
+
+@dataclass(frozen=True)
+class PurgeTask:
+    """A `trash remove` task the mgr's rbd_support module holds for an image."""
+
+    image_id: str
+    attempts: int = 0
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class PVView:
+    """A PersistentVolume of this driver, reduced to what names an image."""
+
+    name: str
+    uuid: str = ""
+    """Journal uuid from the volume handle; '' when the handle is not one of ours (static PV)."""
+    image_name: str = ""
+    """The volumeAttributes' imageName, when set."""
+    phase: str = ""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one audit read about a pool (namespace), taken without any lock: it may
+    catch an operation in flight, which is why every repair re-checks under the journal lock."""
+
+    prefix: str
+    name_keys: Mapping[str, str] = field(default_factory=dict)
+    """Our journal directory: request name → uuid."""
+    foreign_uuids: frozenset[str] = frozenset()
+    """uuids that other driver instances' directories (same pool) point at: not ours to judge."""
+    records: Mapping[str, RecordView] = field(default_factory=dict)
+    directory: Mapping[str, str] = field(default_factory=dict)
+    """rbd_directory: image name → image id."""
+    id_objects: Mapping[str, str] = field(default_factory=dict)
+    """rbd_id.<name> objects: image name → image id."""
+    headers: frozenset[str] = frozenset()
+    """Image ids with an rbd_header.<id> object."""
+    trash: tuple[TrashView, ...] = ()
+    tasks: Mapping[str, PurgeTask] | None = None
+    """Trash purges the mgr holds, by image id; None when the mgr could not be asked."""
+    pvs: tuple[PVView, ...] | None = None
+    """None without a kubeconfig: nothing is known about PersistentVolumes."""
+    now: float = 0.0
+    notes: tuple[str, ...] = ()
+    """What could not be read (and so was not judged)."""
+
+    def uuid_of(self, image_name: str) -> str:
+        """The journal uuid in a name this driver would give an image, or ''."""
+        if not image_name.startswith(self.prefix):
+            return ""
+        rest = image_name[len(self.prefix):]
+        return rest if _UUID.match(rest) else ""
+
+    def pvs_naming(self, uuid: str, image_name: str) -> tuple[str, ...]:
+        """Names of the PVs that point at this volume (by handle or imageName attribute)."""
+        return tuple(pv.name for pv in self.pvs or () if (uuid and pv.uuid == uuid) or
+                     (image_name and pv.image_name == image_name))
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: Kind
+    subject: str
+    """The object a person looks for: an image, a request name, a record, a PV."""
+    detail: str
+    uuid: str = ""
+    name: str = ""
+    image_name: str = ""
+    image_id: str = ""
+    ours: bool = True
+    """Provably this driver's (journaled, or named prefix + uuid): the only ones repaired."""
+    fix: Fix | None = None
+    """What `--repair` would do; None: report only (`why_not` says why)."""
+    why_not: str = ""
+
+
+@dataclass(frozen=True)
+class Repair:
+    finding: Finding
+    outcome: Outcome
+    action: str

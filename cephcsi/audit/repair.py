@@ -1,0 +1,214 @@
+"""`--repair`: fix what is provably this driver's and safe to fix, one finding at a time.
+
+Every repair runs under the volume's cross-process journal lock (`Journal.locked`), the same
+lock CreateVolume and DeleteVolume hold, and re-reads the state under it first: the snapshot
+may have caught a create or delete in flight, and the driver may have finished it since. What
+the re-check no longer finds is reported as resolved, never "fixed" blindly.
+
+Data is never destroyed by a repair: a partial create has no header (so no data), a trash
+entry is purged only when the driver had already decided to delete it (it is in the trash
+under our name), a record is removed only once its image is gone or queued for purging, and
+an orphan image goes to the trash with a deferment (recoverable with `rbd trash restore`) and
+only with `--repair-orphan-images`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import rados
+import rbd
+
+from cephcsi.audit.model import Finding, Fix, Kind, Outcome, Repair, Snapshot
+from cephcsi.audit.scan import decode_deferment
+from cephcsi.ceph import imagestate, omap, trash
+from cephcsi.ceph.connection import Session
+from cephcsi.ceph.errors import ceph_call
+from cephcsi.ceph.imagestate import ImageState, TrashState
+from cephcsi.errors import CephCSIError, OperationInFlight
+from cephcsi.observability.logging import fields
+from cephcsi.volumes.journal import VOLUMES, Journal
+
+log = logging.getLogger(__name__)
+
+# Order of work: debris and trash first, so a record's repair then finds its image gone or queued.
+ORDER = (Fix.REMOVE_PARTIAL, Fix.FINISH_MOVE, Fix.PURGE, Fix.TRASH_ORPHAN, Fix.REMOVE_RECORD, Fix.RELEASE_KEY)
+
+
+class _Resolved(Exception):
+    """The re-check under the lock found the problem gone (or changed): nothing to do."""
+
+
+class _Refused(Exception):
+    """The re-check under the lock found a reason not to act."""
+
+
+@dataclass
+class RepairContext:
+    session: Session
+    io: rados.Ioctx
+    pool: str
+    journal: Journal
+    snapshot: Snapshot
+    inline: trash.InlinePurges
+    allow_orphan_images: bool = False
+    orphan_deferment_seconds: int = 7 * 24 * 3600
+
+
+def repair_all(ctx: RepairContext, findings: list[Finding]) -> list[Repair]:
+    ordered = sorted(findings, key=lambda f: ORDER.index(f.fix) if f.fix is not None else len(ORDER))
+    return [repair_one(ctx, finding) for finding in ordered]
+
+
+def _precondition(ctx: RepairContext, finding: Finding) -> str:
+    """Why this finding is not repaired at all, or ''."""
+    if finding.fix is None:
+        return finding.why_not or "report only"
+    if not finding.ours:
+        return "not this driver's image"
+    if finding.fix is Fix.TRASH_ORPHAN and not ctx.allow_orphan_images:
+        return "orphan images are moved to the trash only with --repair-orphan-images"
+    if not finding.uuid:
+        return "no journal uuid to lock the volume with"
+    return ""
+
+
+def repair_one(ctx: RepairContext, finding: Finding) -> Repair:
+    reason = _precondition(ctx, finding)
+    if reason:
+        return Repair(finding, Outcome.SKIPPED, reason)
+    assert finding.fix is not None
+    try:
+        with _holding(ctx, finding.uuid):
+            action = ACTIONS[finding.fix](ctx, finding)
+        repair = Repair(finding, Outcome.REPAIRED, action)
+    except _Resolved as why:
+        repair = Repair(finding, Outcome.RESOLVED, str(why))
+    except _Refused as why:
+        repair = Repair(finding, Outcome.SKIPPED, str(why))
+    except OperationInFlight as error:
+        repair = Repair(finding, Outcome.SKIPPED, f"busy: {error}")
+    except CephCSIError as error:
+        repair = Repair(finding, Outcome.FAILED, str(error))
+    (log.warning if repair.outcome is Outcome.FAILED else log.info)(
+        "audit repair", extra=fields(kind=finding.kind.value, subject=finding.subject, uuid=finding.uuid,
+                                     outcome=repair.outcome.value, action=repair.action))
+    return repair
+
+
+@contextmanager
+def _holding(ctx: RepairContext, uuid: str) -> Iterator[None]:
+    with ctx.journal.locked(uuid):
+        try:
+            yield
+        finally:
+            # cls_lock created the record object if it was missing: leave no empty one behind
+            # (an empty record reads as absent either way, so this changes no outcome).
+            if omap.read(ctx.io, f"{VOLUMES.record_prefix}{uuid}") == {}:
+                ctx.journal.discard_orphan(uuid)
+
+
+def _inspect(ctx: RepairContext, finding: Finding) -> ImageState:
+    return imagestate.inspect(ctx.io, finding.image_name, finding.image_id)
+
+
+def _take_out(ctx: RepairContext, state: ImageState) -> str:
+    """Finish whatever a killed create/delete left of an image that is leaving: the same
+    steps (and checks) DeleteVolume takes. Returns what was done."""
+    if state.gone:
+        return "image already gone"
+    if state.partial_create:
+        trash.remove_partial(ctx.io, state.name)
+        return "removed the partial create"
+    if state.trash is None:
+        raise _Refused(f"image {state.name!r} is live or has a header but no name; not touched")
+    if state.trash.state is TrashState.MOVING:
+        if state.id_object:
+            trash.require_unused(ctx.io, state.name)
+        trash.move(ctx.io, state)
+    trash.purge(ctx.session, ctx.io, ctx.pool, state.image_id, ctx.inline)
+    return "finished the trash move and queued the purge" if state.trash.state is TrashState.MOVING \
+        else "queued the trash purge"
+
+
+def _remove_partial(ctx: RepairContext, finding: Finding) -> str:
+    state = _inspect(ctx, finding)
+    if not state.partial_create:
+        raise _Resolved("no longer a partial create")
+    return _take_out(ctx, state)
+
+
+def _finish_trash(ctx: RepairContext, finding: Finding) -> str:
+    state = _inspect(ctx, finding)
+    if state.trash is None:
+        raise _Resolved("no longer in the trash")
+    if state.trash.state is TrashState.RESTORING:
+        raise _Refused("being restored from the trash")
+    deferred = _deferred_until(ctx.io, state.image_id)
+    if state.trash.state is TrashState.NORMAL and deferred > time.time():
+        raise _Refused(f"deferred in the trash until {_utc(deferred)} on purpose")
+    return _take_out(ctx, state)
+
+
+def _remove_record(ctx: RepairContext, finding: Finding) -> str:
+    journal = ctx.journal
+    record = journal.read(finding.uuid)
+    if record is None:
+        return "removed the empty record object" if not finding.name else "record already gone"
+    named = journal.lookup(record.name) == record.uuid
+    if named and finding.kind is Kind.ORPHAN_RECORD:
+        raise _Resolved("a name key points at the record now")
+    state = imagestate.inspect(ctx.io, record.image_name, record.image_id)
+    if state.live:
+        raise _Refused(f"its image {record.image_name!r} is live")
+    done = _take_out(ctx, state)
+    if named:
+        journal.release_name(record.name, record.uuid)
+    journal.remove_record(record.uuid)
+    return f"{done}; removed the record{' and its name key' if named else ''}"
+
+
+def _release_key(ctx: RepairContext, finding: Finding) -> str:
+    if ctx.journal.lookup(finding.name) != finding.uuid:
+        raise _Resolved("the name key changed")
+    if ctx.journal.read(finding.uuid) is not None:
+        raise _Resolved("the record exists now")
+    ctx.journal.release_name(finding.name, finding.uuid)
+    return "released the name key"
+
+
+def _trash_orphan(ctx: RepairContext, finding: Finding) -> str:
+    record = ctx.journal.read(finding.uuid)
+    if record is not None and record.image_name == finding.image_name:
+        raise _Resolved("the journal names the image now")
+    state = imagestate.inspect(ctx.io, finding.image_name)
+    if not state.live:
+        raise _Resolved("no longer a live image")
+    trash.require_unused(ctx.io, finding.image_name)
+    with ceph_call("move orphan image to trash", f"image {finding.image_name!r}"):
+        rbd.RBD().trash_move(ctx.io, finding.image_name, ctx.orphan_deferment_seconds)
+    until = _utc(time.time() + ctx.orphan_deferment_seconds)
+    return f"moved to the trash as id {state.image_id}; `rbd trash restore` brings it back (kept until {until})"
+
+
+def _deferred_until(io: rados.Ioctx, image_id: str) -> float:
+    key = f"id_{image_id}"
+    raw = (omap.read_raw(io, imagestate.TRASH, (key,)) or {}).get(key)
+    return decode_deferment(raw) if raw else 0.0
+
+
+def _utc(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+ACTIONS: dict[Fix, Callable[[RepairContext, Finding], str]] = {
+    Fix.REMOVE_PARTIAL: _remove_partial,
+    Fix.FINISH_MOVE: _finish_trash,
+    Fix.PURGE: _finish_trash,
+    Fix.REMOVE_RECORD: _remove_record,
+    Fix.RELEASE_KEY: _release_key,
+    Fix.TRASH_ORPHAN: _trash_orphan,
+}

@@ -1,0 +1,97 @@
+"""Render an audit for a person (a table) or a script (`--json`). Pure string building."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from cephcsi.audit.model import Finding, Outcome, Repair
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What was audited, as the report names it."""
+
+    cluster_id: str
+    pool: str
+    namespace: str
+    instance_id: str
+    prefix: str
+    kubernetes: bool
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    scope: Scope
+    findings: tuple[Finding, ...]
+    repairs: tuple[Repair, ...] | None
+    """None without --repair."""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def clean(self) -> bool:
+        """Nothing found, or (after --repair) everything found repaired or resolved."""
+        if self.repairs is None:
+            return not self.findings
+        return all(r.outcome in (Outcome.REPAIRED, Outcome.RESOLVED) for r in self.repairs)
+
+
+def _repair_of(result: AuditResult) -> dict[Finding, Repair]:
+    return {repair.finding: repair for repair in result.repairs or ()}
+
+
+def _repair_line(finding: Finding, repair: Repair | None) -> str:
+    if repair is not None:
+        return f"{repair.outcome.value}: {repair.action}"
+    if finding.fix is None:
+        return f"report only: {finding.why_not}" if finding.why_not else "report only"
+    return f"--repair would {finding.fix.value}"
+
+
+def to_json(result: AuditResult) -> str:
+    repairs = _repair_of(result)
+    items: list[dict[str, Any]] = []
+    for finding in result.findings:
+        repair = repairs.get(finding)
+        items.append({
+            "kind": finding.kind.value, "subject": finding.subject, "detail": finding.detail,
+            "uuid": finding.uuid, "name": finding.name, "image_name": finding.image_name,
+            "image_id": finding.image_id, "ours": finding.ours,
+            "fix": finding.fix.value if finding.fix else None, "why_not": finding.why_not,
+            "repair": None if repair is None else {"outcome": repair.outcome.value, "action": repair.action},
+        })
+    scope = result.scope
+    doc = {
+        "cluster_id": scope.cluster_id, "pool": scope.pool, "rados_namespace": scope.namespace,
+        "instance_id": scope.instance_id, "volume_name_prefix": scope.prefix, "kubernetes": scope.kubernetes,
+        "repaired": result.repairs is not None, "clean": result.clean,
+        "counts": dict(Counter(f.kind.value for f in result.findings)),
+        "findings": items, "notes": list(result.notes),
+    }
+    return json.dumps(doc, indent=2, sort_keys=False)
+
+
+def to_table(result: AuditResult) -> str:
+    scope = result.scope
+    where = (f"cluster {scope.cluster_id}, pool {scope.pool}"
+             f"{f', namespace {scope.namespace}' if scope.namespace else ''}, journal instance {scope.instance_id}")
+    lines = [f"cephcsi audit of {where}{'' if scope.kubernetes else ' (PersistentVolumes not checked)'}"]
+    lines.extend(f"note: {note}" for note in result.notes)
+    if not result.findings:
+        lines.append("no inconsistencies found")
+        return "\n".join(lines) + "\n"
+    repairs = _repair_of(result)
+    kind_width = max(len("KIND"), *(len(f.kind.value) for f in result.findings))
+    subject_width = min(48, max(len("SUBJECT"), *(len(f.subject) for f in result.findings)))
+    lines.append(f"{'KIND':<{kind_width}}  {'SUBJECT':<{subject_width}}  DETAIL")
+    indent = " " * (kind_width + subject_width + 4)
+    for finding in result.findings:
+        lines.append(f"{finding.kind.value:<{kind_width}}  {finding.subject:<{subject_width}}  {finding.detail}")
+        lines.append(f"{indent}-> {_repair_line(finding, repairs.get(finding))}")
+    counts = Counter(f.kind.value for f in result.findings)
+    lines.append(f"{len(result.findings)} finding(s): " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    if result.repairs is not None:
+        outcomes = Counter(r.outcome.value for r in result.repairs)
+        lines.append("repair: " + ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items())))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,73 @@
+"""One audit from start to end: connect, read, classify, optionally repair. No output here
+(cephcsi.audit.report renders the result; cephcsi.cli.audit prints it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cephcsi.audit.classify import classify
+from cephcsi.audit.pvs import list_pvs
+from cephcsi.audit.repair import RepairContext, repair_all
+from cephcsi.audit.report import AuditResult, Scope
+from cephcsi.audit.scan import read_snapshot
+from cephcsi.ceph import trash
+from cephcsi.ceph.connection import ConnectionCache
+from cephcsi.ceph.credentials import Credentials
+from cephcsi.config.clusters import ClusterRegistry
+from cephcsi.settings import CephSettings
+from cephcsi.volumes.journal import VOLUMES, Journal
+from cephcsi.volumes.parameters import DEFAULT_PREFIX
+
+DRIVER_NAME = "rbd.csi.ceph.com"
+
+
+@dataclass(frozen=True)
+class AuditOptions:
+    config_file: str
+    cluster_id: str
+    pool: str
+    credentials: Credentials = field(repr=False)
+    rados_namespace: str | None = None
+    """None: the cluster's radosNamespace from config.json (what the driver uses)."""
+    instance_id: str = "default"
+    prefix: str = DEFAULT_PREFIX
+    kubeconfig: str = ""
+    driver_name: str = DRIVER_NAME
+    repair: bool = False
+    repair_orphan_images: bool = False
+    orphan_deferment_seconds: int = 7 * 24 * 3600
+    inline_purge_seconds: float = 20.0
+    journal_lock_seconds: float = 60.0
+    """Longer than any one repair (an inline purge included): the lock must not expire under it."""
+    ceph: CephSettings = CephSettings()
+
+
+def audit(options: AuditOptions) -> AuditResult:
+    """Raises CephCSIError when the cluster, pool or API server cannot be read at all; a
+    repair that fails is part of the result instead."""
+    cluster = ClusterRegistry(options.config_file).get(options.cluster_id)
+    connections = ConnectionCache(options.ceph)
+    try:
+        with connections.session(cluster, options.credentials) as session, \
+                session.ioctx(options.pool, options.rados_namespace) as io:
+            pvs = None
+            if options.kubeconfig:
+                pvs = list_pvs(options.kubeconfig, options.driver_name, options.cluster_id, io.get_pool_id(),
+                               options.pool)
+            snapshot = read_snapshot(session, io, options.pool, options.instance_id, options.prefix, pvs,
+                                     options.ceph.mon_op_timeout)
+            findings = classify(snapshot)
+            repairs = None
+            if options.repair:
+                context = RepairContext(
+                    session=session, io=io, pool=options.pool,
+                    journal=Journal(io, options.instance_id, VOLUMES, lock_seconds=options.journal_lock_seconds),
+                    snapshot=snapshot, inline=trash.InlinePurges(options.inline_purge_seconds),
+                    allow_orphan_images=options.repair_orphan_images,
+                    orphan_deferment_seconds=options.orphan_deferment_seconds,
+                )
+                repairs = tuple(repair_all(context, findings))
+            scope = Scope(options.cluster_id, options.pool, io.get_namespace(), options.instance_id,
+                          options.prefix, pvs is not None)
+            return AuditResult(scope, tuple(findings), repairs, snapshot.notes)
+    finally:
+        connections.close_all()
