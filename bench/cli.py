@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import machine, report
+from bench import background, machine, report
 from bench.environment import Environment
 from bench.model import SectionResult
 from bench.options import GiB, QUICK, RESULTS_DIR, Options
@@ -32,12 +32,23 @@ def _levels(text: str) -> tuple[int, ...]:
     return values
 
 
+def _loads(text: str) -> tuple[int, ...]:
+    try:
+        return background.parse_levels(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     names = [s.name for s in SECTIONS]
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--quick", action="store_true",
                    help=f"a fast check that everything runs (defaults become {QUICK})")
     p.add_argument("--ops", type=int, help="operations per batch (default 100; quick 8)")
+    p.add_argument("--rounds", type=int, help="interleaved driver/baseline rounds per comparison (default 5; quick 2)")
+    p.add_argument("--background-load", type=_loads, default=None,
+                   help="comma list of CPU-busy processes to add, one pass of the controller and node sections "
+                        "each (default 0: none; '0,1' = quiet pass, then a pass with one busy process)")
     p.add_argument("--concurrency", type=_levels, help="comma list of in-flight levels (default 1,8,32)")
     p.add_argument("--size-mib", type=int, default=GiB >> 20, help="image/volume size in MiB (default %(default)s, thin)")
     p.add_argument("--warmup", type=int, help="untimed create/delete pairs per path first (default 4)")
@@ -48,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--failover-graceful", type=int, help="SIGTERM failovers in 4b (default 3; quick 1)")
     p.add_argument("--failover-kill", type=int, help="SIGKILL failovers in 4b (default 2; quick 1)")
     p.add_argument("--sections", default="", help=f"comma list to run (default all): {', '.join(names)}")
+    p.add_argument("--profile", nargs="?", const="running", choices=("running", "gil"), default="",
+                   help="record the controller with py-spy during section 1's first pass (profile-*.txt in the "
+                        "output dir; perturbs the figures, so use a separate run): 'running' samples every "
+                        "thread that is not waiting (Python and librbd/librados CPU), 'gil' only threads "
+                        "holding the GIL (the Python interpreter's own cost)")
     p.add_argument("--no-build", action="store_true", help="use only already-built Go sidecars / control plane")
     p.add_argument("--output-dir", type=Path, default=RESULTS_DIR, help="where results go (default %(default)s)")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -61,17 +77,21 @@ def options_from(args: argparse.Namespace) -> Options:
     if unknown:
         raise SystemExit(f"bench: unknown section(s) {', '.join(unknown)}; choose from {', '.join(by_name())}")
     changes: dict[str, Any] = {
-        "ops": args.ops, "concurrency": args.concurrency, "warmup": args.warmup,
+        "ops": args.ops, "rounds": args.rounds, "background_loads": args.background_load,
+        "concurrency": args.concurrency, "warmup": args.warmup,
         "node_iterations": args.node_iterations, "sidecar_settle_s": args.sidecar_settle,
         "pvc_burst": args.pvc_burst, "pvc_repeats": args.pvc_repeats,
         "failover_graceful": args.failover_graceful, "failover_kill": args.failover_kill,
     }
+    if args.rounds is not None and args.rounds < 1:
+        raise SystemExit("bench: --rounds must be ≥ 1")
     return dataclasses.replace(
         base,
         **{k: v for k, v in changes.items() if v is not None},
         size_bytes=args.size_mib << 20,
         sections=chosen,
         build=not args.no_build,
+        profile=args.profile,
         output_dir=args.output_dir,
     )
 

@@ -53,6 +53,27 @@ def loadavg() -> str:
     return " ".join(_read("/proc/loadavg").split()[:3])
 
 
+def cpu_jiffies(text: str) -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs from /proc/stat text: busy = total − idle − iowait."""
+    for line in text.splitlines():
+        if line.startswith("cpu "):
+            values = [int(v) for v in line.split()[1:]]
+            total = sum(values[:8])  # user nice system idle iowait irq softirq steal (guest is in user)
+            idle = values[3] + (values[4] if len(values) > 4 else 0)
+            return total - idle, total
+    return 0, 0
+
+
+def busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    """Share of all CPUs' time that was busy between two cpu_jiffies() readings."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else None
+
+
+def cpu_now() -> tuple[int, int]:
+    return cpu_jiffies(_read("/proc/stat"))
+
+
 def collect() -> dict[str, Any]:
     commit = _run("git", "rev-parse", "--short=12", "HEAD")
     dirty = _run("git", "status", "--porcelain", "--untracked-files=no", "--", "cephcsi")

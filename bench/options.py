@@ -14,6 +14,13 @@ class Options:
     ops: int = 100
     """Operations per batch (per concurrency level and per kind); 100 makes the nearest-rank p99
     the second-largest sample rather than the maximum."""
+    rounds: int = 5
+    """Each comparison runs in this many interleaved rounds (driver, baseline, driver, ...), each
+    with ops/rounds operations per side; ratios are reported as the median over rounds with
+    their min–max, latencies pooled over all rounds."""
+    background_loads: tuple[int, ...] = (0,)
+    """Passes of the controller and node sections, each with this many CPU-busy processes
+    started by the bench (0: none added): `--background-load 0,1` shows how the ratios move."""
     concurrency: tuple[int, ...] = (1, 8, 32)
     size_bytes: int = GiB
     """Size of every image/volume (thin: nothing is written)."""
@@ -33,6 +40,9 @@ class Options:
     """SIGKILL failovers in 4b (each waits out the 15 s lease)."""
     drain_timeout_s: float = 300.0
     """Longest wait for the mgr to purge the trash between batches."""
+    profile: str = ""
+    """'running' or 'gil': record the controller with py-spy during section 1's first pass (a
+    separate run: the sampling perturbs the figures); collapsed stacks + summary in output_dir."""
     build: bool = True
     """Build missing Go sidecars / control-plane binaries (slow once; cached after)."""
     sections: tuple[str, ...] = ()
@@ -45,9 +55,10 @@ class Options:
         doc = asdict(self)
         doc["output_dir"] = str(self.output_dir)
         doc["concurrency"] = list(self.concurrency)
+        doc["background_loads"] = list(self.background_loads)
         doc["sections"] = list(self.sections)
         return doc
 
 
-QUICK: dict[str, Any] = {"ops": 8, "concurrency": (1, 8), "warmup": 1, "node_iterations": 1, "sidecar_settle_s": 3.0,
+QUICK: dict[str, Any] = {"ops": 8, "rounds": 2, "concurrency": (1, 8), "warmup": 1, "node_iterations": 1, "sidecar_settle_s": 3.0,
                          "pvc_burst": 10, "pvc_repeats": 2, "failover_graceful": 1, "failover_kill": 1}

@@ -69,10 +69,24 @@ def sample(pid: int) -> ProcessSample:
     )
 
 
+def process_clock(pid: int) -> int:
+    """The Linux CPU-time clock id of another process (MAKE_PROCESS_CPUCLOCK(pid, SCHED)):
+    user+system time of all its threads, exited ones included, in nanoseconds."""
+    return ((~pid) << 3) | 2
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of process `pid` so far, to the nanosecond (the /proc tick counts are 10 ms
+    steps: too coarse for a per-round figure of a few ms per op); /proc when the clock is refused."""
+    try:
+        return time.clock_gettime(process_clock(pid))
+    except OSError:
+        return sample(pid).cpu_s
+
+
 def self_cpu_seconds() -> float:
-    """CPU time (user+system, all threads) of this process so far."""
-    t = os.times()
-    return t.user + t.system
+    """CPU time (user+system, all threads) of this process so far, to the nanosecond."""
+    return time.process_time()
 
 
 def peak(samples: list[ProcessSample]) -> ProcessSample:

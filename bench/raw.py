@@ -57,6 +57,12 @@ class RawRbd:
         if ret != 0:
             raise RuntimeError(f"mgr refused the trash purge: {ret} {status}")
 
+    def open_readonly(self, name: str) -> None:
+        """A read-only open + watchers_list, as the driver's delete does to check an image is
+        unused (for the op count of an image open)."""
+        with rbd.Image(self.io, name, read_only=True) as image:
+            list(image.watchers_list())
+
     # Untimed helpers -------------------------------------------------------------------------------
 
     def ids(self, names: list[str]) -> list[tuple[str, str]]:

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.model import SectionResult, Table
+from bench.stats import within
 
-_NUMERIC = re.compile(r"^[-+]?[\d.,]+\s*(?:[a-zA-Z%×/]+)?$|^—$|^n/a$")
+_NUMERIC = re.compile(r"^[-+]?[\d.,]+\s*(?:[a-zA-Z%×/]+)?(?:\s*\([\d.,]+[–-][\d.,]+\))?$"
+                      r"|^[\d.,]+[–-][\d.,]+$|^—$|^n/a$")
 
 MiB = 1 << 20
 
@@ -37,6 +39,32 @@ def rate(ops_per_s: float | None) -> str:
 def times(value: float | None) -> str:
     """A ratio as '2.41×' ('—' when undefined)."""
     return "—" if value is None else f"{value:.2f}×"
+
+
+def times_spread(s: Any) -> str:
+    """A ratio's median over rounds with its min–max: '1.32× (1.20–1.45)' ('—' for None)."""
+    if s is None:
+        return "—"
+    return f"{s.median:.2f}× ({s.low:.2f}–{s.high:.2f})"
+
+
+def spread_range(s: Any, scale: float = 1.0, digits: int = 1) -> str:
+    """min–max of a figure over rounds ('—' for None), e.g. '4.1–5.3'."""
+    if s is None:
+        return "—"
+    return f"{s.low * scale:.{digits}f}–{s.high * scale:.{digits}f}"
+
+
+def verdict(s: Any, target: float, at_most: bool = True) -> str:
+    """'1.32× (1.20–1.45) met' — met when the median meets the target; 'met, spread crosses'
+    when the median does but the worst round does not."""
+    if s is None:
+        return "— (not measured)"
+    ok = within(s.median, target, at_most)
+    worst = s.high if at_most else s.low
+    all_ok = within(worst, target, at_most)
+    word = "met" if ok and all_ok else ("met, spread crosses" if ok else "NOT met")
+    return f"{times_spread(s)} {word}"
 
 
 def mib(num_bytes: int | float | None) -> str:
@@ -121,7 +149,7 @@ def format_text(results: Sequence[SectionResult], machine: Mapping[str, Any]) ->
 def format_markdown(results: Sequence[SectionResult], machine: Mapping[str, Any]) -> str:
     lines = ["Machine: " + "; ".join(
         f"{k}={machine[k]}" for k in ("date", "kernel", "cpu_model", "nproc", "memory_total", "ceph_version",
-                                      "python_version", "cephcsi_commit", "loadavg_start")
+                                      "python_version", "cephcsi_commit", "loadavg_start", "loadavg_end")
         if machine.get(k) not in (None, "")
     ), ""]
     for result in results:

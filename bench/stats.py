@@ -70,3 +70,71 @@ def ratio(numerator: float, denominator: float) -> float | None:
     if denominator <= 0:
         return None
     return numerator / denominator
+
+
+# ---- figures over interleaved rounds -------------------------------------------------------------
+#
+# A batch run once gives one ratio, and on a shared machine a second run can give another: the
+# driver is CPU-bound, the floor mostly waits on the OSD, so any other work on the box moves
+# the ratio. The bench therefore runs each comparison in rounds (driver, baseline, driver,
+# baseline, ...) and reports the median ratio over the rounds with its spread.
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median and spread of one figure over rounds (nearest rank, like the percentiles)."""
+
+    n: int
+    median: float
+    low: float
+    high: float
+    q1: float
+    q3: float
+
+    def to_json(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def spread(values: Sequence[float]) -> Spread:
+    """Median, min–max and quartiles (nearest rank: every figure is one that was measured; with
+    an even count the median is the lower middle value). ValueError on no values."""
+    if not values:
+        raise ValueError("spread of no values")
+    return Spread(n=len(values), median=percentile(values, 50), low=min(values), high=max(values),
+                  q1=percentile(values, 25), q3=percentile(values, 75))
+
+
+def round_ratios(numerators: Sequence[float | None], denominators: Sequence[float | None]) -> list[float]:
+    """Per-round numerator/denominator, pairing round i with round i; rounds where either side
+    is missing (no successful op) or the denominator is not positive are left out."""
+    if len(numerators) != len(denominators):
+        raise ValueError(f"{len(numerators)} rounds against {len(denominators)}")
+    out = []
+    for a, b in zip(numerators, denominators):
+        if a is None or b is None:
+            continue
+        r = ratio(a, b)
+        if r is not None:
+            out.append(r)
+    return out
+
+
+def ratio_spread(numerators: Sequence[float | None], denominators: Sequence[float | None]) -> Spread | None:
+    """Spread of the per-round ratios, or None when no round gives one."""
+    ratios = round_ratios(numerators, denominators)
+    return spread(ratios) if ratios else None
+
+
+def pooled(latencies: Sequence[Sequence[float]], walls: Sequence[float], concurrency: int,
+           errors: int = 0) -> Summary:
+    """One Summary over all rounds: percentiles of every latency, throughput = all ops / the
+    sum of the rounds' wall times."""
+    flat = [x for batch in latencies for x in batch]
+    return summarize(flat, sum(walls), concurrency, errors=errors)
+
+
+def within(value: float | None, target: float, at_most: bool = True) -> bool | None:
+    """Whether a figure meets a target (≤ target, or ≥ with at_most=False); None if unknown."""
+    if value is None:
+        return None
+    return value <= target if at_most else value >= target

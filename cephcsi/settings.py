@@ -38,6 +38,20 @@ class CephSettings:
 
 
 @dataclass(frozen=True)
+class SnapshotSettings:
+    """Clone-chain flatten policy (ceph-csi's flags; see cephcsi.volumes.flatten)."""
+
+    soft_max_clone_depth: int = 4
+    """--rbdsoftmaxclonedepth: deeper new images are flattened in the background."""
+    hard_max_clone_depth: int = 8
+    """--rbdhardmaxclonedepth: snapshots deeper than this are not ready until flattened."""
+    min_snapshots_on_image: int = 250
+    """--minsnapshotsonimage: from this many snapshots on an image, its oldest clones are flattened."""
+    max_snapshots_on_image: int = 450
+    """--maxsnapshotsonimage: the snapshot budget of an image (warned about when exceeded)."""
+
+
+@dataclass(frozen=True)
 class NodeSettings:
     node_id: str = ""
     """This node's name (Kubernetes Node name); required in node mode."""
@@ -59,7 +73,7 @@ class NodeSettings:
 
 @dataclass(frozen=True)
 class SidecarSettings:
-    enabled: tuple[str, ...] = ("provisioner", "attacher")
+    enabled: tuple[str, ...] = ("provisioner", "attacher", "resizer")
     """Loops to run in controller mode (`--sidecars`); registrar in node mode."""
     kubeconfig: str = ""
     """Path to a kubeconfig; empty means in-cluster config."""
@@ -101,6 +115,7 @@ class Settings:
     slow_call_seconds: float = 10.0
     shutdown_grace: float = 10.0
     ceph: CephSettings = field(default_factory=CephSettings)
+    snapshots: SnapshotSettings = field(default_factory=SnapshotSettings)
     node: NodeSettings = field(default_factory=NodeSettings)
     sidecars: SidecarSettings = field(default_factory=SidecarSettings)
 

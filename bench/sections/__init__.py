@@ -14,6 +14,7 @@ from bench.sections import (
     kube_provisioning,
     node_ops,
     resources,
+    snapshots,
 )
 from bench.sections.base import Section
 
@@ -24,6 +25,7 @@ SECTIONS: tuple[Section, ...] = (
     go_sidecars.SECTION,
     kube_provisioning.SECTION,
     kube_failover.SECTION,
+    snapshots.SECTION,
 )
 
 

@@ -12,20 +12,28 @@ Baselines:
       for the driver's latency; the other two show what a caller would wait for otherwise.
   The trash is drained (mgr purge finished) after every batch that leaves work in it, so a
   background purge never slows the next batch; the drain time is reported.
+
+Figures that hold: each concurrency level runs `--rounds` interleaved rounds (driver side, raw
+side, with the first side alternating), so slow drift on a shared machine hits both sides; the
+ratios are per round, reported as the median with min–max. With `--background-load 0,1` the
+whole section runs once quiet and once beside a CPU-busy process the bench starts itself.
 """
 from __future__ import annotations
 
 import logging
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from bench import procstat, report
+from bench import background, osdops, procstat, profile, report
 from bench.environment import Environment
 from bench.load import Batch, run_batch
 from bench.model import SectionResult, Table
 from bench.raw import RawRbd
 from bench.sections.base import Section
-from bench.stats import Summary, ratio
+from bench.stats import Spread, Summary, percentile, pooled, ratio_spread, spread
 from cephcsi._generated import csi_pb2
 
 log = logging.getLogger("bench")
@@ -78,46 +86,65 @@ def _check(batch: Batch[Any], what: str, notes: list[str]) -> None:
                      f"first: {batch.errors[0]}")
 
 
-def _level(env: Environment, driver: DriverClient, raw: RawRbd, c: int, notes: list[str]) -> dict[str, Any]:
-    n = env.options.ops
-    pid = env.controller_pid()
-    out: dict[str, Any] = {"concurrency": c}
+BATCHES = ("driver_create", "driver_delete", "raw_create", "raw_remove", "raw_trash_remove", "raw_trash_mgr")
+"""Per round: the driver's create and delete; raw create, and the three raw deletes."""
+BASELINES = (("raw_remove", "RBD.remove"), ("raw_trash_remove", "trash_move+trash_remove"),
+             ("raw_trash_mgr", "trash_move+mgr purge"))
 
-    # Driver: create N, delete them, wait for the mgr to purge.
-    cpu0 = procstat.sample(pid).cpu_s
-    created = run_batch(driver.create, _names("drv", c, n), c)
-    cpu1 = procstat.sample(pid).cpu_s
+
+def _driver_side(env: Environment, driver: DriverClient, raw: RawRbd, c: int, k: int,
+                 notes: list[str]) -> dict[str, Any]:
+    """One driver round: k creates then their k deletes at concurrency c, then the drain."""
+    pid = env.controller_pid()
+    cpu0 = procstat.cpu_seconds(pid)
+    created = run_batch(driver.create, _names("drv", c, k), c)
+    cpu1 = procstat.cpu_seconds(pid)
     deleted = run_batch(driver.delete, created.results, c)
-    cpu2 = procstat.sample(pid).cpu_s
+    cpu2 = procstat.cpu_seconds(pid)
     _check(created, f"c={c} driver CreateVolume", notes)
     _check(deleted, f"c={c} driver DeleteVolume", notes)
-    out["drain_after_driver_delete_s"] = raw.wait_trash_empty(env.options.drain_timeout_s)
-    out["driver_create"], out["driver_delete"] = created, deleted
-    out["driver_cpu_ms_per_op"] = {"create": _cpu_ms_per_op(cpu0, cpu1, len(created.latencies)),
-                                   "delete": _cpu_ms_per_op(cpu1, cpu2, len(deleted.latencies))}
+    return {"driver_create": created, "driver_delete": deleted,
+            "driver_cpu_create": _cpu_ms_per_op(cpu0, cpu1, len(created.latencies)),
+            "driver_cpu_delete": _cpu_ms_per_op(cpu1, cpu2, len(deleted.latencies)),
+            "drain_driver_s": raw.wait_trash_empty(env.options.drain_timeout_s)}
 
-    # Raw: create + remove; create + trash_move/trash_remove; create + trash_move/mgr purge.
+
+def _raw_side(env: Environment, raw: RawRbd, c: int, k: int, notes: list[str]) -> dict[str, Any]:
+    """One baseline round: create + remove; create + trash_move/trash_remove; create +
+    trash_move/mgr purge; then the drain. CPU is the bench process's own (os.times)."""
     s0 = procstat.self_cpu_seconds()
-    raw_created = run_batch(raw.create, [raw.new_name() for _ in range(n)], c)
+    raw_created = run_batch(raw.create, [raw.new_name() for _ in range(k)], c)
     s1 = procstat.self_cpu_seconds()
     removed = run_batch(raw.remove, raw_created.results, c)
-    s2 = procstat.self_cpu_seconds()
-    second = run_batch(raw.create, [raw.new_name() for _ in range(n)], c)
+    second = run_batch(raw.create, [raw.new_name() for _ in range(k)], c)
     trash_removed = run_batch(raw.trash_move_remove, raw.ids(second.results), c)
-    third = run_batch(raw.create, [raw.new_name() for _ in range(n)], c)
+    third = run_batch(raw.create, [raw.new_name() for _ in range(k)], c)
     s3 = procstat.self_cpu_seconds()
     mgr_purged = run_batch(raw.trash_move_mgr_purge, raw.ids(third.results), c)
     s4 = procstat.self_cpu_seconds()
-    out["drain_after_raw_mgr_purge_s"] = raw.wait_trash_empty(env.options.drain_timeout_s)
     for batch, what in ((raw_created, "RBD.create"), (removed, "RBD.remove"), (second, "RBD.create (2nd)"),
                         (trash_removed, "trash_move+trash_remove"), (third, "RBD.create (3rd)"),
                         (mgr_purged, "trash_move+mgr purge")):
         _check(batch, f"c={c} raw {what}", notes)
-    out["raw_create"], out["raw_remove"] = raw_created, removed
-    out["raw_trash_remove"], out["raw_trash_mgr"] = trash_removed, mgr_purged
-    out["raw_cpu_ms_per_op"] = {"create": _cpu_ms_per_op(s0, s1, len(raw_created.latencies)),
-                                "remove": _cpu_ms_per_op(s1, s2, len(removed.latencies)),
-                                "trash_move+mgr purge": _cpu_ms_per_op(s3, s4, len(mgr_purged.latencies))}
+    return {"raw_create": raw_created, "raw_remove": removed, "raw_trash_remove": trash_removed,
+            "raw_trash_mgr": mgr_purged,
+            "raw_cpu_create": _cpu_ms_per_op(s0, s1, len(raw_created.latencies)),
+            "raw_cpu_mgr": _cpu_ms_per_op(s3, s4, len(mgr_purged.latencies)),
+            "drain_raw_s": raw.wait_trash_empty(env.options.drain_timeout_s)}
+
+
+def _level(env: Environment, driver: DriverClient, raw: RawRbd, c: int, notes: list[str]) -> list[dict[str, Any]]:
+    """`rounds` interleaved rounds at concurrency c; the side that goes first alternates
+    (driver, raw, raw, driver, driver, ...) so neither always runs right after the other's drain."""
+    rounds = max(1, env.options.rounds)
+    k = max(1, env.options.ops // rounds)
+    out = []
+    for r in range(rounds):
+        one: dict[str, Any] = {}
+        for side in (("driver", "raw") if r % 2 == 0 else ("raw", "driver")):
+            one.update(_driver_side(env, driver, raw, c, k, notes) if side == "driver" else _raw_side(env, raw, c, k, notes))
+        one["driver_first"] = r % 2 == 0
+        out.append(one)
     return out
 
 
@@ -129,15 +156,186 @@ def _warm_up(env: Environment, driver: DriverClient, raw: RawRbd) -> None:
     raw.wait_trash_empty(env.options.drain_timeout_s)
 
 
-def _pair_row(table: Table, c: int, op: str, drv: Summary, base: str, raw: Summary) -> None:
-    table.add(c, op, report.ms(drv.p50_s), report.ms(drv.p99_s), report.rate(drv.throughput), base,
-              report.ms(raw.p50_s), report.ms(raw.p99_s), report.rate(raw.throughput),
-              report.times(ratio(drv.p50_s, raw.p50_s)), report.times(ratio(drv.p99_s, raw.p99_s)),
-              report.times(ratio(drv.throughput, raw.throughput)))
+def count_ops(env: Environment, driver: DriverClient, raw: RawRbd, k: int) -> dict[str, Any]:
+    """RADOS ops per call from the OSD's counters, one at a time (c=1), untimed: driver create,
+    driver delete + the mgr's purge, raw create, raw trash_move + mgr purge (+ its purge)."""
+    cluster = env.start_cluster()
+    raw.wait_trash_empty(env.options.drain_timeout_s)
+    c0 = osdops.read(cluster)
+    created = run_batch(driver.create, _names("ops", 1, k), 1)
+    c1 = osdops.read(cluster)
+    deleted = run_batch(driver.delete, created.results, 1)
+    raw.wait_trash_empty(env.options.drain_timeout_s)
+    c2 = osdops.read(cluster)
+    names = run_batch(raw.create, [raw.new_name() for _ in range(k)], 1)
+    c3 = osdops.read(cluster)
+    opened = run_batch(raw.open_readonly, names.results, 1)
+    c3b = osdops.read(cluster)
+    purged = run_batch(raw.trash_move_mgr_purge, raw.ids(names.results), 1)
+    raw.wait_trash_empty(env.options.drain_timeout_s)
+    c4 = osdops.read(cluster)
+    counts = {"driver_create": (c1.minus(c0), len(created.latencies)),
+              "driver_delete_and_purge": (c2.minus(c1), len(deleted.latencies)),
+              "raw_create": (c3.minus(c2), len(names.latencies)),
+              "raw_open_readonly": (c3b.minus(c3), len(opened.latencies)),
+              "raw_trash_mgr_and_purge": (c4.minus(c3b), len(purged.latencies))}
+    return {key: delta.per(n) for key, (delta, n) in counts.items()} | {"calls": k}
 
 
-def _summary(batch: Batch[Any]) -> Summary | None:
-    return batch.summary() if batch.latencies else None
+def ops_table(counts: dict[str, Any]) -> Table:
+    table = Table(title=f"RADOS operations per call, counted by the OSD (c=1, {counts['calls']} calls each, untimed; "
+                        "deletes include the mgr's purge, the same on both sides); op = one round trip",
+                  columns=["call", "ops", "reads", "writes", "read-modify-write", "baseline", "baseline ops",
+                           "extra ops"])
+    for drv, base, label, base_label in (("driver_create", "raw_create", "CreateVolume", "RBD.create"),
+                                         ("driver_delete_and_purge", "raw_trash_mgr_and_purge",
+                                          "DeleteVolume (+ purge)", "trash_move+mgr purge (+ purge)")):
+        d, b = counts.get(drv) or {}, counts.get(base) or {}
+        if not d or not b:
+            continue
+        table.add(label, report.num(d["op"]), report.num(d["op_r"]), report.num(d["op_w"]), report.num(d["op_rw"]),
+                  base_label, report.num(b["op"]), report.num(d["op"] - b["op"]))
+    o = counts.get("raw_open_readonly") or {}
+    if o:
+        table.add("(for scale) rbd.Image read-only open + watchers_list", report.num(o["op"]), report.num(o["op_r"]),
+                  report.num(o["op_w"]), report.num(o["op_rw"]), "—", "—", "—")
+    return table
+
+
+def _p50(batch: Batch[Any]) -> float | None:
+    return percentile(batch.latencies, 50) if batch.latencies else None
+
+
+def _tput(batch: Batch[Any]) -> float | None:
+    return len(batch.latencies) / batch.wall_s if batch.latencies and batch.wall_s > 0 else None
+
+
+def aggregate(rounds: list[dict[str, Any]], c: int) -> dict[str, Any]:
+    """Pooled summaries per batch kind, and per-round ratios (driver/raw) with their spread."""
+    pooled_s: dict[str, Summary | None] = {}
+    for key in BATCHES:
+        batches = [r[key] for r in rounds]
+        lat = [b.latencies for b in batches]
+        errors = sum(len(b.errors) for b in batches)
+        pooled_s[key] = pooled(lat, [b.wall_s for b in batches], c, errors) if any(lat) else None
+    p50 = {key: [_p50(r[key]) for r in rounds] for key in BATCHES}
+    tput = {key: [_tput(r[key]) for r in rounds] for key in BATCHES}
+    ratios: dict[str, Spread | None] = {
+        "create_p50": ratio_spread(p50["driver_create"], p50["raw_create"]),
+        "create_ops": ratio_spread(tput["driver_create"], tput["raw_create"]),
+        "cpu_create": ratio_spread([r["driver_cpu_create"] for r in rounds], [r["raw_cpu_create"] for r in rounds]),
+        "cpu_delete_vs_mgr": ratio_spread([r["driver_cpu_delete"] for r in rounds], [r["raw_cpu_mgr"] for r in rounds]),
+    }
+    for key, _ in BASELINES:
+        ratios[f"delete_p50_{key}"] = ratio_spread(p50["driver_delete"], p50[key])
+        ratios[f"delete_ops_{key}"] = ratio_spread(tput["driver_delete"], tput[key])
+    cpu = {name: [r[name] for r in rounds]
+           for name in ("driver_cpu_create", "driver_cpu_delete", "raw_cpu_create", "raw_cpu_mgr")}
+    return {
+        "concurrency": c,
+        "rounds": len(rounds),
+        "summaries": pooled_s,
+        "ratios": ratios,
+        "cpu_ms_per_op": {name: (spread([v for v in vals if v is not None]) if any(v is not None for v in vals)
+                                 else None) for name, vals in cpu.items()},
+        "drain_driver_s": [r["drain_driver_s"] for r in rounds],
+        "drain_raw_s": [r["drain_raw_s"] for r in rounds],
+        "errors": {key: [e for r in rounds for e in r[key].errors][:3] for key in BATCHES
+                   if any(r[key].errors for r in rounds)},
+    }
+
+
+def _json(level: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "concurrency": level["concurrency"],
+        "rounds": level["rounds"],
+        **{k: (v.to_json() if v else None) for k, v in level["summaries"].items()},
+        "ratios": {k: (v.to_json() if v else None) for k, v in level["ratios"].items()},
+        "cpu_ms_per_op": {k: (v.to_json() if v else None) for k, v in level["cpu_ms_per_op"].items()},
+        "drain_driver_s": level["drain_driver_s"],
+        "drain_raw_s": level["drain_raw_s"],
+        "errors": level["errors"],
+    }
+
+
+def _tables(levels: list[dict[str, Any]], env: Environment, state: dict[str, str]) -> list[Table]:
+    o = env.options
+    k = max(1, o.ops // max(1, o.rounds))
+    where = (f"{state['load']}; load average {state['loadavg_start']} → {state['loadavg_end']}, "
+             f"all CPUs {state['cpu_busy']} busy")
+    latency = Table(title=f"[{where}] latency in ms (client side, {report.mib(o.size_bytes)} MiB thin images), "
+                          f"{o.rounds} interleaved rounds × {k} ops per side, p50/p99 pooled over the rounds; "
+                          "× = driver/raw, median over rounds (min–max)",
+                    columns=["conc", "op", "driver p50", "driver p99", "driver ops/s", "raw baseline",
+                             "raw p50", "raw p99", "raw ops/s", "p50 ×", "ops/s ×"])
+    cpu = Table(title=f"[{where}] CPU ms per op, median over rounds (min–max) (driver: the cephcsi process; raw: "
+                      "the bench process), × = driver/raw median (min–max); trash drain after each round",
+                columns=["conc", "driver create", "raw create", "create CPU ×", "driver delete", "raw trash+mgr",
+                         "delete CPU ×", "drain driver s", "drain raw s"])
+
+    def med(s: Spread | None) -> str:
+        return "—" if s is None else f"{s.median:.2f} ({s.low:.2f}–{s.high:.2f})"
+
+    for level in levels:
+        c, s, r = level["concurrency"], level["summaries"], level["ratios"]
+        dcr, ddl, rcr = s["driver_create"], s["driver_delete"], s["raw_create"]
+        if dcr and rcr:
+            latency.add(c, "create", report.ms(dcr.p50_s), report.ms(dcr.p99_s), report.rate(dcr.throughput),
+                        "RBD.create", report.ms(rcr.p50_s), report.ms(rcr.p99_s), report.rate(rcr.throughput),
+                        report.times_spread(r["create_p50"]), report.times_spread(r["create_ops"]))
+        for key, base in BASELINES:
+            b = s[key]
+            if ddl and b:
+                latency.add(c, "delete", report.ms(ddl.p50_s), report.ms(ddl.p99_s), report.rate(ddl.throughput),
+                            base, report.ms(b.p50_s), report.ms(b.p99_s), report.rate(b.throughput),
+                            report.times_spread(r[f"delete_p50_{key}"]), report.times_spread(r[f"delete_ops_{key}"]))
+        cp = level["cpu_ms_per_op"]
+        cpu.add(c, med(cp["driver_cpu_create"]), med(cp["raw_cpu_create"]), report.times_spread(r["cpu_create"]),
+                med(cp["driver_cpu_delete"]), med(cp["raw_cpu_mgr"]), report.times_spread(r["cpu_delete_vs_mgr"]),
+                report.num(max(level["drain_driver_s"]), 2), report.num(max(level["drain_raw_s"]), 2))
+    return [latency, cpu]
+
+
+# issue 17's controller targets: (label, level, ratio key, target, at_most)
+TARGETS = (
+    ("CreateVolume p50 ≤ 1.5× RBD.create, c=1", 1, "create_p50", 1.5, True),
+    ("CreateVolume ops/s ≥ 0.75× RBD.create, c=32", 32, "create_ops", 0.75, False),
+    ("CPU per CreateVolume ≤ 1.5× RBD.create's, c=1", 1, "cpu_create", 1.5, True),
+    ("DeleteVolume p50 ≤ 1.3× trash_move+mgr purge, c=1", 1, "delete_p50_raw_trash_mgr", 1.3, True),
+)
+
+
+def target_rows(passes: list[tuple[dict[str, str], list[dict[str, Any]]]]) -> Table:
+    """One row per target: the median ratio (min–max) in each pass, and whether the median
+    meets it ('met' / 'not met'; 'met (spread crosses)' when some round did not)."""
+    table = Table(title="issue-17 targets (median over rounds; min–max in parentheses)",
+                  columns=["target", *[state["load"] for state, _ in passes]])
+    for label, c, key, target, at_most in TARGETS:
+        cells = []
+        for _, levels in passes:
+            level = next((lvl for lvl in levels if lvl["concurrency"] == c), None)
+            s = level["ratios"].get(key) if level else None
+            cells.append(report.verdict(s, target, at_most))
+        table.add(label, *cells)
+    return table
+
+
+@contextmanager
+def _maybe_profile(env: Environment, result: SectionResult, first: bool) -> Iterator[None]:
+    """With --profile: py-spy on the controller for the first pass; notes name the files."""
+    if not (env.options.profile and first):
+        yield
+        return
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    mode = env.options.profile
+    path = env.options.output_dir / f"profile-controller-{mode}-{stamp}.txt"
+    with profile.recording(env.controller_pid(), path, gil=mode == "gil") as recorded:
+        yield
+    if recorded is not None and recorded.exists():
+        summary = path.with_name(path.stem + "-top.txt")
+        summary.write_text(profile.report_text(recorded))
+        result.notes.append(f"profiled (py-spy, these figures are perturbed by it): {recorded} and {summary.name}")
+        result.data["profile"] = str(recorded)
 
 
 def run(env: Environment) -> SectionResult:
@@ -145,13 +343,23 @@ def run(env: Environment) -> SectionResult:
     cluster = env.start_cluster()
     driver = DriverClient(env)
     raw = RawRbd(cluster, env.options.size_bytes)
+    passes: list[tuple[dict[str, str], list[dict[str, Any]]]] = []
     try:
         _warm_up(env, driver, raw)
+        try:
+            op_counts = count_ops(env, driver, raw, min(20, env.options.ops))
+        except Exception as error:  # noqa: BLE001 - a figure missing, not a failed section
+            op_counts = {}
+            result.notes.append(f"RADOS op counts not measured: {type(error).__name__}: {str(error)[:200]}")
         env.sample_controller("after warm-up (connected, idle)")
-        levels = []
-        for c in env.options.concurrency:
-            log.info("controller: concurrency %d, %d ops per batch", c, env.options.ops)
-            levels.append(_level(env, driver, raw, c, result.notes))
+        for hogs, state in background.passes(env.options.background_loads):
+            levels = []
+            with _maybe_profile(env, result, first=not passes):
+                for c in env.options.concurrency:
+                    log.info("controller [%s]: concurrency %d, %d rounds × %d ops", state["load"], c,
+                             env.options.rounds, max(1, env.options.ops // max(1, env.options.rounds)))
+                    levels.append(aggregate(_level(env, driver, raw, c, result.notes), c))
+            passes.append((state, levels))
         env.sample_controller("after the create/delete batches (idle)")
         leftovers = [name for name in raw.images() if name.startswith(("bench-", "csi-vol-"))]
         if leftovers:
@@ -159,51 +367,27 @@ def run(env: Environment) -> SectionResult:
     finally:
         raw.close()
 
-    latency = Table(title=f"latency in ms (client side, {report.mib(env.options.size_bytes)} MiB thin images, "
-                          f"{env.options.ops} ops per batch); × = driver/raw",
-                    columns=["conc", "op", "driver p50", "driver p99", "driver ops/s", "raw baseline",
-                             "raw p50", "raw p99", "raw ops/s", "p50 ×", "p99 ×", "ops/s ×"])
-    cpu = Table(title="CPU ms per op (driver: the cephcsi process; raw: the bench process) and mgr purge drain",
-                columns=["conc", "driver create", "raw create", "driver delete", "raw remove",
-                         "raw trash+mgr", "drain after driver delete s", "drain after raw mgr purge s"])
-    data_levels = []
-    for level in levels:
-        c = level["concurrency"]
-        s = {k: _summary(level[k]) for k in ("driver_create", "driver_delete", "raw_create", "raw_remove",
-                                             "raw_trash_remove", "raw_trash_mgr")}
-        dcr, ddl, rcr = s["driver_create"], s["driver_delete"], s["raw_create"]
-        if dcr and rcr:
-            _pair_row(latency, c, "create", dcr, "RBD.create", rcr)
-        for key, base in (("raw_remove", "RBD.remove"), ("raw_trash_remove", "trash_move+trash_remove"),
-                          ("raw_trash_mgr", "trash_move+mgr purge")):
-            baseline = s[key]
-            if ddl and baseline:
-                _pair_row(latency, c, "delete", ddl, base, baseline)
-        dc, rc = level["driver_cpu_ms_per_op"], level["raw_cpu_ms_per_op"]
-        cpu.add(c, report.num(dc["create"], 2), report.num(rc["create"], 2), report.num(dc["delete"], 2),
-                report.num(rc["remove"], 2), report.num(rc["trash_move+mgr purge"], 2),
-                report.num(level["drain_after_driver_delete_s"], 2), report.num(level["drain_after_raw_mgr_purge_s"], 2))
-        data_levels.append({
-            "concurrency": c,
-            **{k: (v.to_json() if v else None) for k, v in s.items()},
-            "driver_cpu_ms_per_op": dc,
-            "raw_cpu_ms_per_op": rc,
-            "drain_after_driver_delete_s": level["drain_after_driver_delete_s"],
-            "drain_after_raw_mgr_purge_s": level["drain_after_raw_mgr_purge_s"],
-            "errors": {k: level[k].errors[:3] for k in ("driver_create", "driver_delete", "raw_create",
-                                                        "raw_remove", "raw_trash_remove", "raw_trash_mgr")
-                       if level[k].errors},
-        })
-    result.tables = [latency, cpu]
-    result.data = {"size_bytes": env.options.size_bytes, "ops": env.options.ops, "levels": data_levels}
+    for state, levels in passes:
+        result.tables.extend(_tables(levels, env, state))
+    result.tables.append(target_rows(passes))
+    if op_counts:
+        result.tables.append(ops_table(op_counts))
+        result.data["rados_ops_per_call"] = op_counts
+    result.data.update({"size_bytes": env.options.size_bytes, "ops": env.options.ops, "rounds": env.options.rounds,
+                        "passes": [{"state": state, "levels": [_json(lvl) for lvl in levels]}
+                                   for state, levels in passes]})
     result.notes.extend([
         "Fair delete baseline: trash_move+mgr purge is the same Ceph work the driver's DeleteVolume does before it "
         "answers (the purge is left to the mgr); RBD.remove and trash_move+trash_remove are what a synchronous "
         "delete would cost (O(objects)).",
-        "The driver adds per call: journal omap reads/writes (4 on create, 3 on delete), an image open to read "
-        "the id (create) and two read-only opens (existence + watcher check, delete), a pool ioctx open, and gRPC.",
+        "What each call costs in RADOS operations and CPU, and why: bench/README.md ('What each call costs').",
     ])
-    env.shared["controller_levels"] = data_levels
+    # Later sections read the first pass (quiet unless only loaded passes ran) and the RPC count.
+    first = passes[0][1] if passes else []
+    env.shared["controller_levels"] = [_json(lvl) for lvl in first]
+    env.shared["controller_rpcs"] = sum(
+        (s.count if s else 0)
+        for _, levels in passes for lvl in levels for key, s in lvl["summaries"].items() if key.startswith("driver_"))
     return result
 
 

@@ -28,12 +28,12 @@ from typing import Any
 
 import grpc
 
-from bench import procstat, report
+from bench import background, procstat, report
 from bench.environment import Environment
 from bench.model import SectionResult, Table
 from bench.raw import RawRbd
 from bench.sections.base import Section
-from bench.stats import percentile, ratio
+from bench.stats import Spread, percentile, ratio, ratio_spread
 from cephcsi._generated import csi_pb2
 
 log = logging.getLogger("bench")
@@ -180,7 +180,8 @@ class DriverPath:
             capacity_range=csi_pb2.CapacityRange(required_bytes=self.env.options.size_bytes),
             volume_capabilities=[_capability("ext4")],
             parameters=self.cluster.parameters, secrets=self.cluster.secrets)
-        return self.controller.CreateVolume(request, timeout=RPC_TIMEOUT_S).volume
+        response: csi_pb2.CreateVolumeResponse = self.controller.CreateVolume(request, timeout=RPC_TIMEOUT_S)
+        return response.volume
 
     def delete(self, volume: csi_pb2.Volume) -> None:
         self.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume.volume_id,
@@ -231,6 +232,53 @@ def _p(samples: list[float], q: float) -> float | None:
     return percentile(samples, q) if samples else None
 
 
+def _cycles(env: Environment, driver: DriverPath, manual: ManualPath, raw: RawRbd,
+            first_pass: bool) -> dict[str, dict[str, Timings]] | SectionResult:
+    """node_iterations interleaved cycles per mode: driver, by hand, driver, by hand, ..."""
+    results: dict[str, dict[str, Timings]] = {m: {"driver": Timings(), "manual": Timings()} for m in MODES}
+    for i in range(env.options.node_iterations):
+        for mode in MODES:
+            volume = driver.create()
+            try:
+                driver.cycle(volume, mode, results[mode]["driver"])
+            except grpc.RpcError as error:
+                if first_pass and i == 0 and mode == MODES[0]:
+                    return _skipped(f"node service not available ({error.code().name}: {(error.details() or '')[:300]})")
+                raise
+            finally:
+                driver.delete(volume)
+            image = raw.create(raw.new_name())
+            try:
+                manual.cycle(image, mode, results[mode]["manual"])
+            finally:
+                raw.remove(image)
+    return results
+
+
+STEPS = (("stage+publish", Timings.up), ("  stage", lambda t: t.stage), ("  publish", lambda t: t.publish),
+         ("unpublish+unstage", Timings.down), ("  unpublish", lambda t: t.unpublish),
+         ("  unstage", lambda t: t.unstage))
+
+# issue 17's node targets: (label, mode, step, target)
+TARGETS = (
+    ("NodeUnpublish+NodeUnstage ≤ 1.3× by hand, ext4", "ext4", "unpublish+unstage", 1.3),
+    ("NodeUnpublish+NodeUnstage ≤ 1.3× by hand, block", "block", "unpublish+unstage", 1.3),
+    ("NodePublish ≤ 1.5× a bare bind mount, ext4", "ext4", "  publish", 1.5),
+    ("NodePublish ≤ 1.5× a bare bind mount, block", "block", "  publish", 1.5),
+)
+
+
+def step_ratios(results: dict[str, dict[str, Timings]]) -> dict[tuple[str, str], Spread | None]:
+    """Per (mode, step): the spread of driver/manual over the interleaved cycles (cycle i of
+    the driver against cycle i by hand)."""
+    out: dict[tuple[str, str], Spread | None] = {}
+    for mode in MODES:
+        d, m = results[mode]["driver"], results[mode]["manual"]
+        for step, pick in STEPS:
+            out[(mode, step)] = ratio_spread(list(pick(d)), list(pick(m)))
+    return out
+
+
 def run(env: Environment) -> SectionResult:
     reason = unavailable_reason()
     if reason:
@@ -244,44 +292,53 @@ def run(env: Environment) -> SectionResult:
     raw = RawRbd(env.start_cluster(), env.options.size_bytes)
     node_pid = env.node().process.pid  # type: ignore[union-attr]
     env.node_samples["at rest (serving, nothing staged)"] = procstat.sample(node_pid)
-    results: dict[str, dict[str, Timings]] = {m: {"driver": Timings(), "manual": Timings()} for m in MODES}
+    passes: list[tuple[dict[str, str], dict[str, dict[str, Timings]]]] = []
     try:
-        for i in range(env.options.node_iterations):
-            for mode in MODES:
-                volume = driver.create()
-                try:
-                    driver.cycle(volume, mode, results[mode]["driver"])
-                except grpc.RpcError as error:
-                    if i == 0 and mode == MODES[0]:
-                        return _skipped(f"node service not available ({error.code().name}: {error.details()[:300]})")
-                    raise
-                finally:
-                    driver.delete(volume)
-                image = raw.create(raw.new_name())
-                try:
-                    manual.cycle(image, mode, results[mode]["manual"])
-                finally:
-                    raw.remove(image)
+        for hogs, state in background.passes(env.options.background_loads):
+            log.info("node [%s]: %d cycles per mode", state["load"], env.options.node_iterations)
+            got = _cycles(env, driver, manual, raw, first_pass=not passes)
+            if isinstance(got, SectionResult):
+                return got
+            passes.append((state, got))
         env.node_samples["after the stage/unstage cycles (idle)"] = procstat.sample(node_pid)
     finally:
         raw.close()
 
-    table = Table(title=f"latency in ms, {env.options.node_iterations} cycles per row, a fresh volume per cycle; "
-                        "× = driver/manual",
-                  columns=["volume", "steps", "driver p50", "driver max", "manual p50", "manual max", "p50 ×"])
-    data: dict[str, Any] = {"iterations": env.options.node_iterations}
-    for mode in MODES:
-        d, m = results[mode]["driver"], results[mode]["manual"]
-        data[mode] = {"driver": d.to_json(), "manual": m.to_json()}
-        for steps, ds, ms_ in (("stage+publish", d.up(), m.up()), ("  stage", d.stage, m.stage),
-                               ("  publish", d.publish, m.publish), ("unpublish+unstage", d.down(), m.down()),
-                               ("  unpublish", d.unpublish, m.unpublish), ("  unstage", d.unstage, m.unstage)):
-            dp, mp = _p(ds, 50), _p(ms_, 50)
-            table.add(mode if mode == "block" else "ext4 (Filesystem)", steps, report.ms(dp), report.ms(max(ds, default=None)),
-                      report.ms(mp), report.ms(max(ms_, default=None)),
-                      report.times(ratio(dp, mp) if dp is not None and mp is not None else None))
+    tables = []
+    data: dict[str, Any] = {"iterations": env.options.node_iterations, "passes": []}
+    all_ratios = []
+    for state, results in passes:
+        where = (f"{state['load']}; load average {state['loadavg_start']} → {state['loadavg_end']}, "
+                 f"all CPUs {state['cpu_busy']} busy")
+        table = Table(title=f"[{where}] latency in ms, {env.options.node_iterations} interleaved cycles per row "
+                            "(driver, by hand, driver, ...), a fresh volume per cycle; × = driver/manual per cycle, "
+                            "median (min–max)",
+                      columns=["volume", "steps", "driver p50", "driver max", "manual p50", "manual max", "p50 ×",
+                               "× per cycle"])
+        ratios = step_ratios(results)
+        all_ratios.append(ratios)
+        pass_data: dict[str, Any] = {"state": state}
+        for mode in MODES:
+            d, m = results[mode]["driver"], results[mode]["manual"]
+            pass_data[mode] = {"driver": d.to_json(), "manual": m.to_json(),
+                               "ratios": {step.strip(): (r.to_json() if r else None)
+                                          for (md, step), r in ratios.items() if md == mode}}
+            for steps, pick in STEPS:
+                ds, ms_ = list(pick(d)), list(pick(m))
+                dp, mp = _p(ds, 50), _p(ms_, 50)
+                table.add(mode if mode == "block" else "ext4 (Filesystem)", steps, report.ms(dp),
+                          report.ms(max(ds, default=None)), report.ms(mp), report.ms(max(ms_, default=None)),
+                          report.times(ratio(dp, mp) if dp is not None and mp is not None else None),
+                          report.times_spread(ratios[(mode, steps)]))
+        tables.append(table)
+        data["passes"].append(pass_data)
+    targets = Table(title="issue-17 targets (median of the per-cycle ratios; min–max in parentheses)",
+                    columns=["target", *[state["load"] for state, _ in passes]])
+    for label, mode, step, target in TARGETS:
+        targets.add(label, *[report.verdict(r[(mode, step)], target) for r in all_ratios])
+    tables.append(targets)
     return SectionResult(
-        name=NAME, title=TITLE, tables=[table], data=data,
+        name=NAME, title=TITLE, tables=tables, data=data,
         notes=["manual = rbd-fuse + losetup --direct-io=on + mkfs.ext4 (driver's default options) + mount; "
                "the driver additionally probes the device (direct read, blkid -p) before mkfs and fsyncs its stage records."],
     )

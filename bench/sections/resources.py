@@ -74,8 +74,8 @@ def run(env: Environment) -> SectionResult:
     before = env.controller_samples.get("after warm-up (connected, idle)")
     after = env.controller_samples.get("after the create/delete batches (idle)")
     levels = env.shared.get("controller_levels", [])
-    ops = sum((lvl["driver_create"] or {}).get("count", 0) + (lvl["driver_delete"] or {}).get("count", 0)
-              for lvl in levels)
+    ops = env.shared.get("controller_rpcs") or sum(
+        (lvl["driver_create"] or {}).get("count", 0) + (lvl["driver_delete"] or {}).get("count", 0) for lvl in levels)
     if before and after and ops:
         cpu = after.cpu_s - before.cpu_s
         data["controller_batches"] = {"cpu_s": cpu, "ops": ops, "cpu_ms_per_op": cpu * 1000 / ops}

@@ -181,6 +181,8 @@ def _trash_finding(snap: Snapshot, entry: TrashView, uuid: str) -> Finding | Non
                        Fix.PURGE)
     if entry.deferred_until > snap.now:
         return None  # deferred on purpose (e.g. an orphan moved by --repair-orphan-images)
+    if entry.awaits_children:
+        return None  # a deleted parent: librbd purges it once its last clone is gone
     if task and task.attempts:
         return replace(finding(Kind.TRASH_UNPURGEABLE, f"is in the trash{failing}", None),
                        why_not="the mgr keeps retrying; fix the cause it reports")

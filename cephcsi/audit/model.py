@@ -68,6 +68,8 @@ class TrashView:
     state: TrashState
     deferred_until: float = 0.0
     """Epoch seconds before which librbd refuses a plain purge (`rbd trash mv --expires-at`)."""
+    awaits_children: bool = False
+    """A parent deleted while clones read through it: librbd purges it after them."""
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def list_pvs(kubeconfig: str, driver_name: str, cluster_id: str, pool_id: int, p
             try:
                 page = api.list_persistent_volume(limit=PAGE, _continue=token)
             except Exception as error:  # noqa: BLE001 - every client failure becomes one of ours
-                raise apierrors.translate(error, "list PersistentVolumes") from error
+                raise apierrors.classify(error, "list PersistentVolumes") from error
             for pv in page.items:
                 view = pv_view(pv, driver_name, cluster_id, pool_id, pool)
                 if view is not None:

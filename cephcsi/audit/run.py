@@ -42,8 +42,8 @@ class AuditOptions:
 
 
 def audit(options: AuditOptions) -> AuditResult:
-    """Raises CephCSIError when the cluster, pool or API server cannot be read at all; a
-    repair that fails is part of the result instead."""
+    """Raises CephCSIError when the cluster or pool cannot be read at all, cephcsi.kube's
+    KubeError when the API server cannot; a repair that fails is part of the result instead."""
     cluster = ClusterRegistry(options.config_file).get(options.cluster_id)
     connections = ConnectionCache(options.ceph)
     try:

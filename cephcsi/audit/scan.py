@@ -98,7 +98,7 @@ def read_trash(io: rados.Ioctx) -> tuple[TrashView, ...]:
     for key, raw in sorted(values.items()):
         if key.startswith("id_"):
             entry = imagestate.decode_trash_entry(key[3:], raw)
-            entries.append(TrashView(entry.image_id, entry.name, entry.state, decode_deferment(raw)))
+            entries.append(TrashView(entry.image_id, entry.name, entry.state, decode_deferment(raw), entry.awaits_children))
     return tuple(entries)
 
 

@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import rados
+# Imported by name too: inside Session, `rados` is the property.
+from rados import Ioctx
 
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.errors import CONNECTION_LOST, ceph_call, error_number
@@ -57,6 +59,10 @@ def open_rados(cluster: ClusterConfig, credentials: Credentials, settings: CephS
         "log_to_stderr": "false",
         "err_to_stderr": "false",
         "log_file": "",
+        # Snapshots and clones (cephcsi.ceph.layering): clone v2 needs no protected snapshot, and
+        # a deleted image that clones still read through waits in the trash until they are gone.
+        "rbd_default_clone_format": "2",
+        "rbd_move_parent_to_trash_on_remove": "true",
     }
     handle = rados.Rados(rados_id=credentials.user_id, conf=conf)
     try:
@@ -243,7 +249,7 @@ class Session:
         return self._connection.connect()
 
     @contextmanager
-    def ioctx(self, pool: str, namespace: str | None = None) -> Iterator[rados.Ioctx]:
+    def ioctx(self, pool: str, namespace: str | None = None) -> Iterator[Ioctx]:
         """An I/O context on `pool` (and the cluster's rados namespace unless given)."""
         with ceph_call("open pool", f"pool {pool!r}"):
             try:
@@ -260,14 +266,15 @@ class Session:
         """The pool's name, or None if no pool has this id any more."""
         with ceph_call("look up pool", f"pool id {pool_id}"):
             try:
-                return str(self.rados.pool_reverse_lookup(pool_id))
+                # The binding answers None for an unknown id (str() of it made "None" a pool name).
+                return self.rados.pool_reverse_lookup(pool_id)
             except rados.ObjectNotFound:
                 return None
 
     def mgr_command(self, command: str) -> tuple[int, str]:
         with ceph_call("mgr command"):
             ret, out, status = self.rados.mgr_command(command, b"", timeout=int(self._connection.settings.mon_op_timeout))
-        return ret, status or (out.decode() if isinstance(out, bytes) else str(out))
+        return ret, status or out.decode()
 
 
 class ConnectionCache:

@@ -32,6 +32,11 @@ DIRECTORY = "rbd_directory"
 TRASH = "rbd_trash"
 
 
+TRASH_SOURCE_USER_PARENT = 4
+"""cls_rbd's trash source for a parent removed while clones still read through it: librbd
+itself purges it after its last child (rbd_move_parent_to_trash_on_remove)."""
+
+
 class TrashState(enum.Enum):
     NORMAL = 0
     MOVING = 1
@@ -44,6 +49,12 @@ class TrashEntry:
     image_id: str
     name: str
     state: TrashState
+    source: int = 0
+    """cls_rbd's trash source byte (0 user; TRASH_SOURCE_USER_PARENT for a parent awaiting its clones)."""
+
+    @property
+    def awaits_children(self) -> bool:
+        return self.source == TRASH_SOURCE_USER_PARENT
 
 
 @dataclass(frozen=True)
@@ -82,11 +93,11 @@ def _decode_string(raw: bytes, offset: int = 0) -> tuple[str, int]:
 def decode_trash_entry(image_id: str, raw: bytes) -> TrashEntry:
     """cls_rbd TrashImageSpec: version, compat, length, source (u8), name, two utime_t,
     then (version ≥ 2) the state (u8). Version-1 entries predate states: NORMAL."""
-    version = raw[0]
+    version, source = raw[0], raw[6]
     name, offset = _decode_string(raw, 6 + 1)
     offset += 16  # deletion time and deferment end time
     state = TrashState(raw[offset]) if version >= 2 and len(raw) > offset else TrashState.NORMAL
-    return TrashEntry(image_id, name, state)
+    return TrashEntry(image_id, name, state, source)
 
 
 def id_from_id_object(io: rados.Ioctx, name: str) -> str | None:

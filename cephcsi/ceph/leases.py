@@ -36,6 +36,8 @@ class _Lease:
     renew_at: float
     guard: threading.Lock = field(default_factory=threading.Lock)
     active: bool = True
+    removed: bool = False
+    """The holder removed the locked object under the lease: the lock went with it."""
 
 
 class LeaseKeeper:
@@ -63,7 +65,27 @@ class LeaseKeeper:
                 lease.active = False
             with self._lock:
                 self._leases.discard(lease)
-            omap.unlock(io, obj, name, cookie)
+            # One round trip saved per delete: cls_lock keeps the lock in the object's xattr, so
+            # the removal (one atomic op) already released it; an unlock would only get ENOENT.
+            # If someone recreated and locked the object since, our cookie is not theirs and an
+            # unlock would change nothing either, so skipping it is equivalent.
+            if not lease.removed:
+                omap.unlock(io, obj, name, cookie)
+
+    @contextmanager
+    def removing(self, io: rados.Ioctx, obj: str) -> Iterator[None]:
+        """Around the removal of `obj` by its lease holder (omap.remove_object calls this):
+        renewals stop first, waiting out one in flight, so no renewal can land after the removal
+        and recreate the object (cls_lock creates what it locks); once the removal succeeded the
+        lease needs no unlock. A failed removal leaves `removed` False: the hold unlocks as usual."""
+        with self._lock:
+            held = [lease for lease in self._leases if lease.io is io and lease.obj == obj]
+        for lease in held:
+            with lease.guard:
+                lease.active = False
+        yield
+        for lease in held:
+            lease.removed = True
 
     def _add(self, lease: _Lease) -> None:
         with self._lock:
@@ -94,3 +116,4 @@ class LeaseKeeper:
 
 
 KEEPER = LeaseKeeper()
+omap.set_removal_hook(KEEPER.removing)

@@ -7,6 +7,8 @@ leader hand-over) cannot both win.
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import rados
 
@@ -14,6 +16,16 @@ from cephcsi.ceph.errors import ceph_call, error_number
 
 # librados.h LIBRADOS_LOCK_FLAG_RENEW (bit 0); the Pacific bindings do not export the constant.
 LOCK_FLAG_RENEW = 1
+
+RemovalHook = Callable[[rados.Ioctx, str], AbstractContextManager[None]]
+_removal_hook: RemovalHook = lambda io, obj: nullcontext()  # noqa: E731 - replaced by cephcsi.ceph.leases
+
+
+def set_removal_hook(hook: RemovalHook) -> None:
+    """Wrap every `remove_object` in `hook(io, obj)`: cephcsi.ceph.leases uses it to learn that
+    an object it holds a lease on is being removed (the lock goes with the object)."""
+    global _removal_hook
+    _removal_hook = hook
 
 
 def read(io: rados.Ioctx, obj: str, keys: tuple[str, ...] | None = None) -> dict[str, str] | None:
@@ -146,8 +158,8 @@ def remove_if_equal(io: rados.Ioctx, obj: str, key: str, expected: str) -> bool:
 
 
 def remove_object(io: rados.Ioctx, obj: str) -> None:
-    """Delete the object; already gone counts as done."""
-    with ceph_call("remove object", f"object {obj!r}"):
+    """Delete the object; already gone counts as done. A cls_lock on it goes with it."""
+    with _removal_hook(io, obj), ceph_call("remove object", f"object {obj!r}"):
         try:
             io.remove_object(obj)
         except rados.ObjectNotFound:

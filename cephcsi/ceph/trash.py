@@ -28,13 +28,15 @@ log = logging.getLogger(__name__)
 WATCH_TIMEOUT_HINT = "osd_client_watch_timeout, 30 s by default"
 
 
-def require_unused(io: rados.Ioctx, name: str) -> None:
+def require_unused(io: rados.Ioctx, name: str, image_id: str = "") -> None:
     """Refuse to delete an image some client has open read-write (mapped on a node).
 
+    By `image_id` when given: an image already (half-)moved to the trash has no name to open.
     A read-only open registers no watch, so this check is not its own watcher."""
     with ceph_call("list image watchers", f"image {name!r}"):
         try:
-            with rbd.Image(io, name, read_only=True) as image:
+            opened = rbd.Image(io, image_id=image_id, read_only=True) if image_id else rbd.Image(io, name, read_only=True)
+            with opened as image:
                 watchers = list(image.watchers_list())
         except rbd.ImageNotFound:
             return

@@ -7,10 +7,10 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from cephcsi import __version__
-from cephcsi.settings import CephSettings, NodeSettings, Settings, SidecarSettings
+from cephcsi.settings import CephSettings, NodeSettings, Settings, SidecarSettings, SnapshotSettings
 
 MODES = ("controller", "node", "all")
-CONTROLLER_LOOPS = ("provisioner", "attacher")
+CONTROLLER_LOOPS = ("provisioner", "attacher", "resizer", "snapshotter")
 NODE_LOOPS = ("registrar",)
 MOUNTERS = ("auto", "krbd", "rbd-nbd", "fuse")
 
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                 epilog="Also: `cephcsi audit --help` (find and repair journal/pool inconsistencies).")
     p.add_argument("--version", action="version", version=f"cephcsi {__version__}")
     g = p.add_argument_group("driver")
-    g.add_argument("--mode", choices=MODES, required=True, help="controller: Identity+Controller (+provisioner, attacher); node: Identity+Node (+registrar); all: everything")
+    g.add_argument("--mode", choices=MODES, required=True, help="controller: Identity+Controller (+provisioner, attacher, resizer, snapshotter); node: Identity+Node (+registrar); all: everything")
     g.add_argument("--endpoint", default="unix:///csi/csi.sock", help="CSI socket (default %(default)s)")
     g.add_argument("--controllerendpoint", default="", help="serve the Controller service on this second socket instead")
     g.add_argument("--drivername", default="rbd.csi.ceph.com", help="CSI driver name (default %(default)s)")
@@ -84,6 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--rados-mon-op-timeout", type=_duration, default=30.0)
     c.add_argument("--client-mount-timeout", type=_duration, default=10.0)
 
+    f = p.add_argument_group("snapshots and clones (flatten policy, ceph-csi's flags)")
+    f.add_argument("--rbdsoftmaxclonedepth", type=_positive(int), default=4,
+                   help="new images deeper than this are flattened in the background (default %(default)s)")
+    f.add_argument("--rbdhardmaxclonedepth", type=_positive(int), default=8,
+                   help="snapshots deeper than this report ready_to_use=false until flattened (default %(default)s)")
+    f.add_argument("--minsnapshotsonimage", type=_positive(int), default=250,
+                   help="from this many snapshots on an image its oldest clones are flattened (default %(default)s)")
+    f.add_argument("--maxsnapshotsonimage", type=_positive(int), default=450,
+                   help="snapshot budget of an image; warned about when exceeded (default %(default)s)")
+
     n = p.add_argument_group("node")
     n.add_argument("--kubelet-dir", default="/var/lib/kubelet", help="staging/target paths must be under it ('' disables)")
     n.add_argument("--state-dir", default="/var/lib/cephcsi", help="driver state on the host")
@@ -94,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--kubelet-registration-path", default="", help="CSI socket path as the kubelet sees it")
 
     s = p.add_argument_group("embedded sidecars")
-    s.add_argument("--sidecars", default="", help="comma list of loops to run, or 'none' (default: provisioner,attacher in controller mode, registrar in node mode)")
+    s.add_argument("--sidecars", default="", help="comma list of loops to run, or 'none' (default: provisioner,attacher,resizer,snapshotter in controller mode, registrar in node mode)")
     s.add_argument("--kubeconfig", default="", help="kubeconfig path (default: in-cluster config)")
     s.add_argument("--leader-election", type=_bool, nargs="?", const=True, default=True)
     s.add_argument("--leader-election-namespace", default="")
@@ -152,6 +162,12 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             mon_op_timeout=a.rados_mon_op_timeout,
             mount_timeout=a.client_mount_timeout,
             journal_lock_seconds=a.journal_lock_timeout,
+        ),
+        snapshots=SnapshotSettings(
+            soft_max_clone_depth=a.rbdsoftmaxclonedepth,
+            hard_max_clone_depth=a.rbdhardmaxclonedepth,
+            min_snapshots_on_image=a.minsnapshotsonimage,
+            max_snapshots_on_image=a.maxsnapshotsonimage,
         ),
         node=NodeSettings(
             node_id=a.nodeid,

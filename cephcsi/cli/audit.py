@@ -18,6 +18,7 @@ from cephcsi.audit.run import DRIVER_NAME, AuditOptions, audit
 from cephcsi.ceph.credentials import USER_ID_KEY, USER_KEY_KEY, Credentials
 from cephcsi.cli.args import _duration, _Parser, _positive
 from cephcsi.errors import CephCSIError, InvalidArgument
+from cephcsi.kube.errors import KubeError
 from cephcsi.observability import logging as cephcsi_logging
 from cephcsi.settings import CephSettings
 from cephcsi.volumes.parameters import DEFAULT_PREFIX
@@ -111,7 +112,7 @@ def main(argv: Sequence[str]) -> int:
     cephcsi_logging.configure(a.log_level)
     try:
         result = audit(options_from(a))
-    except CephCSIError as error:
+    except (CephCSIError, KubeError) as error:
         sys.stderr.write(f"cephcsi audit: error: {error}\n")
         return USAGE_ERROR
     sys.stdout.write(to_json(result) + "\n" if a.json else to_table(result))

@@ -6,7 +6,6 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -19,6 +18,7 @@ from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.csi.controller import ControllerServicer
 from cephcsi.csi.identity import IdentityOptions, IdentityServicer
 from cephcsi.csi.server import CSIServer
+from cephcsi.csi.services import Services
 from cephcsi.errors import CephCSIError
 from cephcsi.observability import logging as cephcsi_logging
 from cephcsi.observability.health import HealthRegistry, SocketProbe
@@ -32,22 +32,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("cephcsi")
 
 
-@dataclass
-class Services:
-    """What the sidecars may call in-process (None when this mode does not serve it)."""
-
-    identity: IdentityServicer
-    controller: ControllerServicer | None
-    node: NodeServicer | None
-    servers: list[CSIServer]
-
-
 def _services(settings: Settings, clusters: ClusterRegistry) -> Services:
     identity = IdentityServicer(
         IdentityOptions(
             driver_name=settings.driver_name,
             controller=settings.serves_controller,
             topology=settings.serves_node and bool(settings.node.domain_labels),
+            online_expansion=settings.serves_controller,
         )
     )
     main: list[Callable[[grpc.Server], None]] = [lambda s: csi_pb2_grpc.add_IdentityServicer_to_server(identity, s)]

@@ -8,12 +8,16 @@ its modification time changes, so adding a cluster needs no restart.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import threading
 from dataclasses import dataclass
 
+from cephcsi.config import ignored
 from cephcsi.errors import ConfigError, InvalidArgument, NotFound
+
+log = logging.getLogger(__name__)
 
 # clusterID is embedded in volume ids: keep it to characters that are safe there and in paths.
 CLUSTER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,35}$")
@@ -61,6 +65,7 @@ def parse_clusters(text: str, source: str = "config.json") -> dict[str, ClusterC
         if cluster_id in clusters:
             raise ConfigError(f"{where}: clusterID {cluster_id!r} appears twice")
         clusters[cluster_id] = ClusterConfig(cluster_id, tuple(monitors), namespace)
+        ignored.report(entry, cluster_id, source)  # ceph-csi keys not implemented here, and typos
     return clusters
 
 
@@ -71,6 +76,7 @@ class ClusterRegistry:
         self.path = path
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
+        self._bad_stamp: tuple[int, int] | None = None
         self._clusters: dict[str, ClusterConfig] = {}
         self.reload()
 
@@ -91,11 +97,17 @@ class ClusterRegistry:
             stat = os.stat(self.path)
         except OSError:
             return  # keep the last good config while a ConfigMap update swaps the file
-        if (stat.st_mtime_ns, stat.st_size) != self._stamp:
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp != self._stamp:
             try:
                 self.reload()
-            except ConfigError:
-                pass  # a half-written update; the next lookup tries again
+            except ConfigError as error:
+                # A half-written update, or a broken edit: keep serving with the last good clusters.
+                if stamp != self._bad_stamp:
+                    self._bad_stamp = stamp
+                    log.error("config file is malformed; keeping the last good configuration",
+                              extra={"fields": {"path": self.path, "error": error.message,
+                                                 "clusters": ",".join(sorted(self._clusters))}})
 
     def get(self, cluster_id: str) -> ClusterConfig:
         if not cluster_id:

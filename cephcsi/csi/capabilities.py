@@ -1,8 +1,9 @@
 """Which volume capabilities an RBD volume can honour, checked the same way by every RPC.
 
-An RBD image is a block device with one writer at a time: a filesystem on it may be mounted on
-one node only; multi-node access is possible only as a raw block device, where coordinating
-writers is the application's job (e.g. a clustered database).
+An RBD image is a block device with one writer at a time: a filesystem on it may be mounted
+read-write on one node only, or read-only on many (MULTI_NODE_READER_ONLY); multi-node writing
+is possible only as a raw block device, where coordinating writers is the application's job
+(e.g. a clustered database).
 """
 from __future__ import annotations
 
@@ -42,10 +43,13 @@ def unsupported_reason(capability: csi_pb2.VolumeCapability) -> str | None:
         fs_type = capability.mount.fs_type
         if fs_type and fs_type not in SUPPORTED_FS_TYPES:
             return f"filesystem {fs_type!r} is not supported (use {' or '.join(SUPPORTED_FS_TYPES)})"
-        if mode in MULTI_NODE_MODES:
+        if mode in MULTI_NODE_MODES and mode != Mode.MULTI_NODE_READER_ONLY:
+            # Many readers of one filesystem are safe when none writes (each node mounts it
+            # read-only, without journal replay: see cephcsi.node.filesystems); writers are not.
             return (
-                f"access mode {mode_name(mode)} needs a volume shared between nodes, which RBD supports only "
-                "for block volumes (volumeMode: Block); a filesystem on RBD can be used on one node at a time"
+                f"access mode {mode_name(mode)} needs a volume written from several nodes, which RBD supports "
+                "only for block volumes (volumeMode: Block); a filesystem on RBD can be written on one node at a "
+                "time (ReadOnlyMany, MULTI_NODE_READER_ONLY, is supported)"
             )
     if mode not in SINGLE_NODE_MODES | MULTI_NODE_MODES:
         return f"access mode {mode_name(mode)} is not supported"

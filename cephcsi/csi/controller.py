@@ -7,18 +7,25 @@ from cephcsi.ceph.credentials import Credentials
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.csi.capabilities import check_well_formed, require_supported, unsupported_reason
 from cephcsi.csi.rpc import ServicerBase, rpc
+from cephcsi.csi.snapshots import SnapshotRpcs, content_source, content_source_message
 from cephcsi.errors import InvalidArgument
 from cephcsi.settings import Settings
+from cephcsi.volumes import expansion
+from cephcsi.volumes import metadata as image_owner
 from cephcsi.volumes.capacity import choose_size
+from cephcsi.volumes.clones import Cloner
+from cephcsi.volumes.flatten import FlattenPolicy
 from cephcsi.volumes.manager import CreateRequest, VolumeManager
 from cephcsi.volumes.parameters import VolumeParameters
+from cephcsi.volumes.snapshots import SnapshotManager
 
 _RPC = csi_pb2.ControllerServiceCapability.RPC
-CAPABILITIES = (_RPC.CREATE_DELETE_VOLUME, _RPC.SINGLE_NODE_MULTI_WRITER)
+CAPABILITIES = (_RPC.CREATE_DELETE_VOLUME, _RPC.SINGLE_NODE_MULTI_WRITER, _RPC.EXPAND_VOLUME,
+                _RPC.CREATE_DELETE_SNAPSHOT, _RPC.LIST_SNAPSHOTS, _RPC.CLONE_VOLUME)
 MAX_NAME_LENGTH = 255
 
 
-class ControllerServicer(ServicerBase, csi_pb2_grpc.ControllerServicer):
+class ControllerServicer(SnapshotRpcs, ServicerBase, csi_pb2_grpc.ControllerServicer):
     service_name = "Controller"
 
     def __init__(self, volumes: VolumeManager, driver_name: str, slow_call_seconds: float = 10.0) -> None:
@@ -35,7 +42,13 @@ class ControllerServicer(ServicerBase, csi_pb2_grpc.ControllerServicer):
             journal_lock_seconds=settings.ceph.journal_lock_seconds,
             inline_purge_seconds=settings.ceph.inline_purge_seconds,
         )
-        return cls(manager, settings.driver_name, settings.slow_call_seconds)
+        servicer = cls(manager, settings.driver_name, settings.slow_call_seconds)
+        snap = settings.snapshots
+        policy = FlattenPolicy(snap.soft_max_clone_depth, snap.hard_max_clone_depth,
+                               snap.min_snapshots_on_image, snap.max_snapshots_on_image)
+        manager.cloner = Cloner(policy, settings.instance_id, settings.ceph.journal_lock_seconds)
+        servicer.snapshots = SnapshotManager(manager, policy)
+        return servicer
 
     @rpc
     def CreateVolume(self, request: csi_pb2.CreateVolumeRequest, context: object) -> csi_pb2.CreateVolumeResponse:
@@ -44,8 +57,9 @@ class ControllerServicer(ServicerBase, csi_pb2_grpc.ControllerServicer):
         if len(request.name) > MAX_NAME_LENGTH:
             raise InvalidArgument(f"name is longer than {MAX_NAME_LENGTH} characters")
         require_supported(request.volume_capabilities)
-        if request.HasField("volume_content_source"):
-            raise InvalidArgument("volume_content_source (snapshot or clone source) is not supported yet")
+        source = content_source(request)
+        if source is not None and self.volumes.cloner is None:
+            raise InvalidArgument("volume_content_source: snapshots and clones are not enabled in this driver")
         params = VolumeParameters.parse(request.parameters)
         required, limit = request.capacity_range.required_bytes, request.capacity_range.limit_bytes
         size = choose_size(required, limit)
@@ -57,11 +71,14 @@ class ControllerServicer(ServicerBase, csi_pb2_grpc.ControllerServicer):
                 required_bytes=required,
                 limit_bytes=limit,
                 credentials=Credentials.from_secrets(request.secrets),
+                metadata=image_owner.from_parameters(request.parameters),
+                source=source,
             )
         )
         return csi_pb2.CreateVolumeResponse(
             volume=csi_pb2.Volume(
-                volume_id=volume.volume_id.encode(), capacity_bytes=volume.size, volume_context=volume.context
+                volume_id=volume.volume_id.encode(), capacity_bytes=volume.size, volume_context=volume.context,
+                content_source=content_source_message(source),
             )
         )
 
@@ -95,6 +112,31 @@ class ControllerServicer(ServicerBase, csi_pb2_grpc.ControllerServicer):
                 mutable_parameters=request.mutable_parameters,
             )
         )
+
+    @rpc
+    def ControllerExpandVolume(
+        self, request: csi_pb2.ControllerExpandVolumeRequest, context: object
+    ) -> csi_pb2.ControllerExpandVolumeResponse:
+        if not request.volume_id:
+            raise InvalidArgument("volume_id is required")
+        if not request.HasField("capacity_range"):
+            raise InvalidArgument("capacity_range is required (required_bytes: the new size of the volume)")
+        block = False
+        if request.HasField("volume_capability"):
+            check_well_formed(request.volume_capability, "volume_capability")
+            block = request.volume_capability.HasField("block")
+        result = expansion.expand(
+            self.volumes,
+            expansion.ExpandRequest(
+                volume_id=request.volume_id,
+                required_bytes=request.capacity_range.required_bytes,
+                limit_bytes=request.capacity_range.limit_bytes,
+                credentials=Credentials.from_secrets(request.secrets),
+            ),
+        )
+        # A filesystem must be grown where it is mounted; krbd and rbd-nbd devices follow the
+        # image by themselves, so a Block volume needs no node step.
+        return csi_pb2.ControllerExpandVolumeResponse(capacity_bytes=result.size, node_expansion_required=not block)
 
     @rpc
     def ControllerGetCapabilities(

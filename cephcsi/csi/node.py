@@ -7,23 +7,26 @@ not exist), then the volume context and secrets. All storage logic lives in ceph
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 
 from cephcsi._generated import csi_pb2, csi_pb2_grpc
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.csi.capabilities import DEFAULT_FS_TYPE, READ_ONLY_MODES, Mode, check_well_formed, unsupported_reason
 from cephcsi.csi.rpc import ServicerBase, rpc
-from cephcsi.errors import InvalidArgument, NotFound, Unimplemented
+from cephcsi.errors import InvalidArgument, NotFound
+from cephcsi.node.expander import NodeExpandRequest
 from cephcsi.node.paths import check_path, check_volume_id, nested
 from cephcsi.node.requests import PublishRequest, StageRequest, VolumeAccess
 from cephcsi.node.service import NodeConfig, NodeService
+from cephcsi.node import ownership, volume_source
 from cephcsi.node.stage_record import ACCESS_BLOCK, ACCESS_MOUNT, ImageSpec
 from cephcsi.settings import Settings
-from cephcsi.volumes.volume_id import MalformedId, VolumeId
+from cephcsi.volumes.volume_id import VolumeId
 
 _Rpc = csi_pb2.NodeServiceCapability.RPC
-NODE_CAPABILITIES = (_Rpc.STAGE_UNSTAGE_VOLUME, _Rpc.GET_VOLUME_STATS, _Rpc.VOLUME_CONDITION, _Rpc.SINGLE_NODE_MULTI_WRITER)
+NODE_CAPABILITIES = (
+    _Rpc.STAGE_UNSTAGE_VOLUME, _Rpc.GET_VOLUME_STATS, _Rpc.VOLUME_CONDITION, _Rpc.SINGLE_NODE_MULTI_WRITER, _Rpc.EXPAND_VOLUME
+)
 _MOUNT_FLAG = re.compile(r"^[A-Za-z0-9_.:/+=@-]+$")
 # Flags that would change what kind of mount we make rather than how it behaves.
 _FORBIDDEN_FLAGS = {"bind", "rbind", "remount", "move", "make-shared", "make-private"}
@@ -75,16 +78,12 @@ class NodeServicer(ServicerBase, csi_pb2_grpc.NodeServicer):
         volume_id = check_volume_id(request.volume_id)
         staging = check_path(request.staging_target_path, "staging_target_path", self.kubelet_dir)
         access = _access(request, "volume_capability")
-        volume = _decode(volume_id)
         ctx = request.volume_context
-        pool = _required_context(ctx, CTX_POOL)
-        image = _required_context(ctx, CTX_IMAGE)
-        cluster_id = ctx.get(CTX_CLUSTER_ID) or volume.cluster_id
-        if cluster_id != volume.cluster_id:
-            raise InvalidArgument(
-                f"volume_context clusterID {cluster_id!r} does not match the cluster in volume id {volume_id!r}"
-            )
+        # A provisioned volume (id of ours) or a static one (the id is the image name).
+        source = volume_source.resolve(volume_id, ctx)
+        cluster_id = source.cluster_id
         cluster = self.clusters.get(cluster_id)
+        namespace = source.namespace if source.namespace is not None else cluster.rados_namespace
         # from_secrets refuses a malformed key: the rbd tools would echo it into their logs.
         credentials = Credentials.from_secrets(request.secrets)
         self.service.stage(
@@ -93,7 +92,7 @@ class NodeServicer(ServicerBase, csi_pb2_grpc.NodeServicer):
                 staging_path=staging,
                 cluster_id=cluster_id,
                 monitors=cluster.mon_host,
-                image=ImageSpec(pool=pool, image=image, namespace=ctx.get(CTX_NAMESPACE, cluster.rados_namespace)),
+                image=ImageSpec(pool=source.pool, image=source.image, namespace=namespace),
                 credentials=credentials,
                 access=access,
                 mounter=ctx.get(CTX_MOUNTER, ""),
@@ -127,7 +126,7 @@ class NodeServicer(ServicerBase, csi_pb2_grpc.NodeServicer):
         access = _access(request, "volume_capability")
         if nested(target, staging):
             raise InvalidArgument(f"target_path {target} and staging_target_path {staging} must not contain each other")
-        _decode(volume_id)
+        volume_source.check_known(volume_id, request.volume_context)
         self.service.publish(
             PublishRequest(
                 volume_id=volume_id, staging_path=staging, target_path=target, access=access, read_only=request.readonly
@@ -153,12 +152,16 @@ class NodeServicer(ServicerBase, csi_pb2_grpc.NodeServicer):
         volume_id = check_volume_id(request.volume_id)
         if not request.volume_path:
             raise InvalidArgument("volume_path is required")
-        _decode(volume_id)
+        if not volume_source.plausible_id(volume_id):
+            _decode(volume_id)  # NOT_FOUND with the reason
         try:
             path = check_path(request.volume_path, "volume_path", self.kubelet_dir)
         except InvalidArgument as error:
             # A path we would never have staged or published to holds no volume of ours.
             raise NotFound(f"no volume {volume_id} at {request.volume_path}: {error.message}") from None
+        if not volume_source.is_issued(volume_id) and volume_id not in ownership.volume_ids_at(path):
+            # A static volume's id has no form to check: the path must show it is staged there.
+            raise NotFound(f"volume {volume_id!r} does not exist at {request.volume_path} (no stage of it found there)")
         result = self.service.volume_stats(volume_id, path)
         response = csi_pb2.NodeGetVolumeStatsResponse(
             volume_condition=csi_pb2.VolumeCondition(abnormal=result.abnormal, message=result.message)
@@ -186,7 +189,34 @@ class NodeServicer(ServicerBase, csi_pb2_grpc.NodeServicer):
 
     @rpc
     def NodeExpandVolume(self, request: csi_pb2.NodeExpandVolumeRequest, context: object) -> csi_pb2.NodeExpandVolumeResponse:
-        raise Unimplemented("NodeExpandVolume is not supported yet (EXPAND_VOLUME is not advertised)")
+        volume_id = check_volume_id(request.volume_id)
+        if not request.volume_path:
+            raise InvalidArgument("volume_path is required")
+        if not volume_source.plausible_id(volume_id):
+            _decode(volume_id)  # NOT_FOUND with the reason
+        try:
+            path = check_path(request.volume_path, "volume_path", self.kubelet_dir)
+        except InvalidArgument as error:
+            # A path we would never have staged or published to holds no volume of ours.
+            raise NotFound(f"no volume {volume_id} at {request.volume_path}: {error.message}") from None
+        staging = ""
+        if request.staging_target_path:
+            staging = check_path(request.staging_target_path, "staging_target_path", self.kubelet_dir)
+        access_type = ""
+        if request.HasField("volume_capability"):
+            check_well_formed(request.volume_capability, "volume_capability")
+            access_type = ACCESS_BLOCK if request.volume_capability.HasField("block") else ACCESS_MOUNT
+        size = self.service.expand(
+            NodeExpandRequest(
+                volume_id=volume_id,
+                volume_path=path,
+                staging_path=staging,
+                required_bytes=max(0, request.capacity_range.required_bytes),
+                limit_bytes=max(0, request.capacity_range.limit_bytes),
+                access_type=access_type,
+            )
+        )
+        return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=size)
 
     @rpc
     def NodeGetCapabilities(
@@ -208,20 +238,7 @@ class NodeServicer(ServicerBase, csi_pb2_grpc.NodeServicer):
 
 
 def _decode(volume_id: str) -> VolumeId:
-    try:
-        return VolumeId.decode(volume_id)
-    except MalformedId as error:
-        raise NotFound(f"volume {volume_id!r} does not exist (not an id this driver issues: {error})") from None
-
-
-def _required_context(context: Mapping[str, str], key: str) -> str:
-    value = context.get(key, "")
-    if not value:
-        raise InvalidArgument(
-            f"volume_context is missing {key} (it is set by this driver's CreateVolume; "
-            "a statically provisioned PV must set it in volumeAttributes)"
-        )
-    return value
+    return volume_source.decode(volume_id)
 
 
 def _access(

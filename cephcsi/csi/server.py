@@ -36,7 +36,7 @@ IDENTITY_THREADS = 4
 UNGATED_PREFIX = "/csi.v1.Identity/"
 
 
-class AdmissionGate(grpc.ServerInterceptor):  # type: ignore[misc]
+class AdmissionGate(grpc.ServerInterceptor):
     """Lets at most `limit` non-Identity calls run at once; refuses the others at once."""
 
     def __init__(self, limit: int, endpoint: str) -> None:

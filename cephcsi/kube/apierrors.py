@@ -1,4 +1,4 @@
-"""Classify errors from the kubernetes client, and translate them into cephcsi.errors.
+"""Classify errors from the kubernetes client, into predicates and into cephcsi.kube.errors.
 
 The client raises `ApiException` for HTTP errors (status 0 for TLS failures) and lets urllib3
 exceptions through for connection problems and timeouts; callers should not need to know which.
@@ -11,7 +11,7 @@ import socket
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from cephcsi import errors
+from cephcsi.kube import errors
 
 
 def status_code(exc: BaseException) -> int | None:
@@ -71,22 +71,22 @@ def is_transient(exc: BaseException) -> bool:
     return code is not None and (code == 429 or code >= 500)
 
 
-def translate(exc: BaseException, what: str) -> errors.CephCSIError:
-    """The cephcsi error for a failed API call; `what` names the call, e.g. "get PVC ns/name"."""
+def classify(exc: BaseException, what: str) -> errors.ApiError:
+    """The kube error for a failed API call; `what` names the call, e.g. "get PVC ns/name"."""
     code = status_code(exc)
     if is_timeout(exc):
-        return errors.DeadlineExceeded(f"{what}: the API server did not answer in time; retry")
+        return errors.ApiTimeout(f"{what}: the API server did not answer in time; retry")
     if code == 404:
-        return errors.NotFound(f"{what}: not found")
+        return errors.ApiNotFound(f"{what}: not found")
     if code == 409:
-        return errors.OperationInFlight(f"{what}: conflict ({reason(exc) or 'stale object'}); retry")
+        return errors.ApiConflict(f"{what}: conflict ({reason(exc) or 'stale object'}); retry")
     if code in (401, 403):
-        return errors.PermissionDenied(f"{what}: refused by the API server ({code}); check the RBAC rules")
+        return errors.ApiForbidden(f"{what}: refused by the API server ({code}); check the RBAC rules")
     if code in (400, 422):
-        return errors.InvalidArgument(f"{what}: rejected by the API server: {_message(exc)}")
+        return errors.ApiRejected(f"{what}: rejected by the API server: {_message(exc)}")
     if is_transient(exc):
-        return errors.Unavailable(f"{what}: the API server is unavailable ({_short(exc)}); retry")
-    return errors.Internal(f"{what}: unexpected API error ({_short(exc)})")
+        return errors.ApiUnavailable(f"{what}: the API server is unavailable ({_short(exc)}); retry")
+    return errors.ApiFailed(f"{what}: unexpected API error ({_short(exc)})")
 
 
 def _message(exc: BaseException) -> str:

@@ -23,7 +23,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 import cephcsi
-from cephcsi import errors
+from cephcsi.kube.errors import ClientConfigError
 from cephcsi.kube.metrics import CLIENT_REQUESTS, CLIENT_THROTTLE
 from cephcsi.kube.ratelimit import TokenBucket
 
@@ -54,7 +54,7 @@ class ClientSettings:
     """User-Agent header, visible in apiserver audit logs."""
 
 
-class ThrottledApiClient(k8s.ApiClient):  # type: ignore[misc]
+class ThrottledApiClient(k8s.ApiClient):
     """An ApiClient whose every request waits for the token bucket and has a timeout."""
 
     def __init__(self, configuration: k8s.Configuration, *, limiter: TokenBucket,
@@ -114,7 +114,7 @@ def load_configuration(settings: ClientSettings) -> k8s.Configuration:
             k8s_config.load_incluster_config(client_configuration=cfg)
     except (k8s_config.ConfigException, OSError, ValueError) as exc:
         where = settings.kubeconfig or "the in-cluster service account"
-        raise errors.ConfigError(f"cannot load the Kubernetes client configuration from {where}: {exc}") from exc
+        raise ClientConfigError(f"cannot load the Kubernetes client configuration from {where}: {exc}") from exc
     return cfg
 
 

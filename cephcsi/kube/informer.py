@@ -39,7 +39,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from cephcsi.kube import apierrors
 from cephcsi.kube.backoff import Backoff, BackoffSettings
@@ -48,8 +48,24 @@ from cephcsi.kube.store import IndexFunc, KubeObject, Store, object_key, resourc
 
 log = logging.getLogger(__name__)
 
-ListFunc = Callable[..., Any]
-"""A typed list function of the kubernetes client (or a functools.partial binding its namespace)."""
+class RawResponse(Protocol):
+    """What the informer uses of the urllib3 response a list or watch call returns: the client's
+    list functions are always called with `_preload_content=False`, so they return the raw
+    response (urllib3.BaseHTTPResponse) and the informer decodes the JSON itself."""
+
+    @property
+    def data(self) -> bytes: ...
+
+    def stream(self, amt: int | None = ..., decode_content: bool = ...) -> Iterator[bytes]: ...
+
+    def release_conn(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+ListFunc = Callable[..., RawResponse]
+"""A list function of the kubernetes client (or a functools.partial binding its namespace),
+called with keyword arguments only (limit, watch, resource_version, _preload_content=False, ...)."""
 
 
 @dataclass(frozen=True)
@@ -193,7 +209,7 @@ class Informer:
         self._started = False
         self._threads: list[threading.Thread] = []
         self._response_lock = threading.Lock()
-        self._response: Any = None
+        self._response: RawResponse | None = None
         self._backoff = Backoff(settings.backoff)
         self._rng = random.Random()
         self._last_rv = ""
@@ -528,7 +544,7 @@ def _item_type(body: Mapping[str, Any]) -> tuple[str, str]:
     return (kind[: -len("List")] if kind.endswith("List") else kind), str(body.get("apiVersion") or "")
 
 
-def _watch_events(response: Any) -> Iterator[dict[str, Any]]:
+def _watch_events(response: RawResponse) -> Iterator[dict[str, Any]]:
     """Decode the newline-delimited JSON of a watch response as it arrives."""
     buffer = b""
     for chunk in response.stream(amt=None, decode_content=True):
@@ -544,7 +560,7 @@ def _watch_events(response: Any) -> Iterator[dict[str, Any]]:
         yield json.loads(buffer)
 
 
-def _interrupt(response: Any) -> None:
+def _interrupt(response: RawResponse) -> None:
     """Unblock a thread reading `response` (urllib3 >= 2.3 has shutdown(); close() otherwise)."""
     try:
         shutdown = getattr(response, "shutdown", None)

@@ -25,7 +25,6 @@ import time
 from collections import deque
 from typing import Callable, Generic, Hashable, TypeVar
 
-from cephcsi.errors import CephCSIError
 from cephcsi.kube.metrics import (
     WORKQUEUE_ADDS,
     WORKQUEUE_DEPTH,
@@ -244,13 +243,15 @@ class Workers(Generic[K]):
     marked done, so a re-add during processing runs it again."""
 
     def __init__(self, work_queue: WorkQueue[K], process: Callable[[K], None], *, count: int,
-                 name: str | None = None) -> None:
+                 name: str | None = None, expected: tuple[type[BaseException], ...] = ()) -> None:
         if count < 1:
             raise ValueError("need at least one worker")
         self.queue = work_queue
         self.process = process
         self.count = count
         self.name = name or work_queue.name
+        self.expected = expected
+        """Failures of these types explain themselves: logged without a traceback."""
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
@@ -287,7 +288,7 @@ class Workers(Generic[K]):
             try:
                 self.process(key)
             except Exception as exc:  # noqa: BLE001 - every failure is retried with backoff
-                log.warning("processing failed; will retry", exc_info=not isinstance(exc, CephCSIError),
+                log.warning("processing failed; will retry", exc_info=not isinstance(exc, self.expected),
                             extra={"fields": {"queue": self.queue.name, "key": str(key), "error": str(exc),
                                    "requeues": self.queue.num_requeues(key)}})
                 self.queue.add_rate_limited(key)

@@ -40,6 +40,9 @@ DEFAULT_MKFS_OPTIONS = {
     "xfs": ["-K"],
 }
 FS_MOUNT_OPTIONS = {"ext4": [], "xfs": ["nouuid"]}
+# Read-only mounts never replay a journal: replay writes to the device (refused on a read-only
+# mapping, or silently racing the writer's view when several nodes read one image).
+READ_ONLY_MOUNT_OPTIONS = {"ext4": ["noload"], "xfs": ["norecovery"]}
 # Always on: the volume sits on network storage, so shutdown must unmount it before the
 # network goes (systemd reads this from utab for mounts it did not create).
 COMMON_MOUNT_OPTIONS = ["_netdev"]
@@ -238,7 +241,8 @@ def _refusal(subject: str, fs_type: str, found: Probe, interrupted_uuid: str | N
 
 def mount_options(fs_type: str, flags: Sequence[str], read_only: bool) -> list[str]:
     options: list[str] = []
-    for option in [*COMMON_MOUNT_OPTIONS, *FS_MOUNT_OPTIONS.get(fs_type, []), *flags, *(["ro"] if read_only else [])]:
+    read_only_options = ["ro", *READ_ONLY_MOUNT_OPTIONS.get(fs_type, [])] if read_only else []
+    for option in [*COMMON_MOUNT_OPTIONS, *FS_MOUNT_OPTIONS.get(fs_type, []), *flags, *read_only_options]:
         if option not in options:
             options.append(option)
     return options

@@ -16,14 +16,24 @@ import errno
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal
-from cephcsi.node import mounts, stage_record
+from cephcsi.node import legacy_stage, mounts, stage_record
 from cephcsi.node.requests import PublishRequest
 from cephcsi.node.stage_record import ACCESS_BLOCK
 from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """What publish needs of a stage: ours (the stage record) or ceph-csi's (its mount)."""
+
+    mount_path: str
+    access_type: str
+    read_only: bool
 
 
 class Publisher:
@@ -38,24 +48,27 @@ class Publisher:
         self.read_mounts = read_mounts
 
     def publish(self, request: PublishRequest) -> None:
-        record = stage_record.load(request.staging_path)
-        if record is None or record.volume_id != request.volume_id or not record.staged:
+        staged = self._staged(request)
+        if staged.access_type != request.access.access_type:
             raise FailedPrecondition(
-                f"volume {request.volume_id} is not staged at {request.staging_path}; call NodeStageVolume first"
-            )
-        if record.access_type != request.access.access_type:
-            raise FailedPrecondition(
-                f"volume {request.volume_id} is staged as {record.access_type} but publish asks for "
+                f"volume {request.volume_id} is staged as {staged.access_type} but publish asks for "
                 f"{request.access.access_type}; unstage and stage it with the same capability"
             )
+        if staged.read_only and not request.access.read_only and not request.read_only:
+            # Staged read-only (e.g. ReadOnlyMany on several nodes): a writer here would believe it
+            # writes while the mount is read-only, and must not write anyway while others read.
+            raise FailedPrecondition(
+                f"volume {request.volume_id} is staged read-only at {request.staging_path} (a reader-only access "
+                "mode); publishing it for writing is refused: use a reader-only access mode or readOnly: true"
+            )
         table = self.read_mounts()
-        source = record.mount_path
+        source = staged.mount_path
         anchor = mounts.top_mount(source, table)
         if anchor is None:
             raise FailedPrecondition(
                 f"volume {request.volume_id} is recorded as staged but {source} is not mounted; stage it again"
             )
-        read_only = request.read_only or request.access.read_only or record.read_only
+        read_only = request.read_only or request.access.read_only or staged.read_only
         existing = mounts.top_mount(request.target_path, table)
         if existing is not None:
             self._check_existing(existing, anchor, read_only, request)
@@ -67,7 +80,7 @@ class Publisher:
                     f"volume {request.volume_id} has access mode SINGLE_NODE_SINGLE_WRITER and is already published "
                     f"read-write at {', '.join(writers)}"
                 )
-        created = self._create_target(request.target_path, record.access_type == ACCESS_BLOCK)
+        created = self._create_target(request.target_path, staged.access_type == ACCESS_BLOCK)
         try:
             self.mounter.bind(source, request.target_path, read_only=read_only, options=request.access.mount_flags)
         except Exception:
@@ -78,6 +91,20 @@ class Publisher:
             "published",
             extra=fields(volume_id=request.volume_id, target=request.target_path, read_only=read_only),
         )
+
+    def _staged(self, request: PublishRequest) -> _Staged:
+        record = stage_record.load(request.staging_path)
+        if record is None:
+            # Staged by ceph-csi before the switch (cephcsi.node.legacy_stage): publish from its mount.
+            entry = legacy_stage.staged_mount(request.staging_path, request.volume_id, self.read_mounts())
+            if entry is not None:
+                return _Staged(legacy_stage.mount_path(request.staging_path, request.volume_id),
+                               request.access.access_type, entry.read_only)
+        if record is None or record.volume_id != request.volume_id or not record.staged:
+            raise FailedPrecondition(
+                f"volume {request.volume_id} is not staged at {request.staging_path}; call NodeStageVolume first"
+            )
+        return _Staged(record.mount_path, record.access_type, record.read_only)
 
     @staticmethod
     def _check_existing(

@@ -15,7 +15,9 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 from cephcsi.errors import NotFound
+from cephcsi.locks import KeyLocks
 from cephcsi.node import devices, exec as node_exec, mounts, stage_record, stats
+from cephcsi.node.expander import NodeExpander, NodeExpandRequest
 from cephcsi.node.mappers.base import FUSE, KRBD, NBD, Mapper
 from cephcsi.node.mappers.fuse import FuseMapper
 from cephcsi.node.mappers.krbd import KrbdMapper
@@ -25,7 +27,6 @@ from cephcsi.node.publisher import Publisher
 from cephcsi.node.requests import PublishRequest, StageRequest
 from cephcsi.node.stager import Stager
 from cephcsi.node.topology import KubeNodeLabels, NodeLabels, segments
-from cephcsi.volumes.locks import KeyLocks
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,9 @@ class NodeService:
             ),
         }
         self.choice = MapperChoice(config.mounter, probe or NodeProbe(modprobe=runner_modprobe(runner)))
-        self.stager = Stager(self.mappers, self.choice, mounter, runner, config.command_timeout, config.kubelet_dir)
+        self.expander = NodeExpander(self.mappers, runner, config.command_timeout, min(config.device_timeout, 10.0))
+        self.stager = Stager(self.mappers, self.choice, mounter, runner, config.command_timeout, config.kubelet_dir,
+                             after_ready=self.expander.after_stage)
         self.publisher = Publisher(mounter, config.kubelet_dir)
         self.volume_locks = KeyLocks("volume")
         self.path_locks = KeyLocks("path")
@@ -89,6 +92,13 @@ class NodeService:
     def unstage(self, volume_id: str, staging_path: str) -> None:
         with self._locked(volume_id, staging_path):
             self.stager.unstage(volume_id, staging_path)
+
+    def expand(self, request: NodeExpandRequest) -> int:
+        """NodeExpandVolume under the locks stage and unstage take (busy → ABORTED)."""
+        with self.volume_locks.hold(request.volume_id):
+            record = self.expander.locate(request)
+            with self.path_locks.hold(record.staging_path):
+                return self.expander.expand(record, request)
 
     def publish(self, request: PublishRequest) -> None:
         with self._locked(request.volume_id, request.target_path):

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Mapping
 
 from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument
-from cephcsi.node import devices, filesystems, mounts, stage_record
+from cephcsi.node import devices, filesystems, legacy_stage, mounts, stage_record
 from cephcsi.node.exec import Runner
 from cephcsi.node.mappers import options as map_options
 from cephcsi.node.mappers.base import FUSE, KRBD, NBD, Mapper, MapRequest
@@ -45,6 +45,7 @@ class Stager:
         command_timeout: float,
         kubelet_dir: str,
         read_mounts: Callable[[], list[mounts.MountEntry]] = mounts.read_mounts,
+        after_ready: Callable[[StageRecord], None] | None = None,
     ) -> None:
         self.mappers: dict[str, Mapper] = {**mappers, _NO_MAPPER: NoMapper()}
         self.choice = choice
@@ -53,6 +54,8 @@ class Stager:
         self.timeout = command_timeout
         self.kubelet_dir = kubelet_dir
         self.read_mounts = read_mounts
+        # Resize-on-stage (cephcsi.node.expander): the image may have grown while unstaged.
+        self.after_ready = after_ready
 
     # -- stage -----------------------------------------------------------------------------
 
@@ -66,6 +69,10 @@ class Stager:
                 return
             complete_before = record.staged
             log.info("resuming an incomplete stage", extra=fields(volume_id=request.volume_id, mapper=record.mapper))
+        elif legacy_stage.staged_mount(request.staging_path, request.volume_id, self.read_mounts()) is not None:
+            # ceph-csi staged it here before the switch (a kubelet restart re-stages): it is staged.
+            log.info("already staged by ceph-csi", extra=fields(volume_id=request.volume_id, path=request.staging_path))
+            return
         else:
             record = self._new_record(request)
             complete_before = False
@@ -168,6 +175,8 @@ class Stager:
             self._ensure_fs_mount(record, created)
         else:
             self._ensure_block_bind(record, created)
+        if self.after_ready is not None:
+            self.after_ready(record)
         record.staged = True
         stage_record.save(record)
 
@@ -301,7 +310,12 @@ class Stager:
             if record is None:
                 return
         else:
-            record = stage_record.load(staging_path) or self._rederive(volume_id, staging_path)
+            record = stage_record.load(staging_path)
+            if record is None and legacy_stage.present(staging_path, volume_id):
+                legacy_stage.LegacyUnstager(self.mappers, self.mounter, self.kubelet_dir, self.read_mounts).unstage(
+                    volume_id, staging_path)
+                return
+            record = record or self._rederive(volume_id, staging_path)
             if record is None:
                 _remove_leftovers(staging_path)
                 return

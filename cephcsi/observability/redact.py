@@ -5,7 +5,7 @@ later spec version is stripped without a code change.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -13,7 +13,13 @@ from google.protobuf.message import Message
 
 from cephcsi._generated import csi_pb2
 
-_SECRET_OPTION = csi_pb2.csi_secret
+if TYPE_CHECKING:
+    from google.protobuf.descriptor_pb2 import FieldOptions
+    from google.protobuf.internal.extension_dict import _ExtensionFieldDescriptor
+
+# protoc's .pyi declares an extension as a plain FieldDescriptor; the Extensions API (typed by
+# types-protobuf) takes the extension's handle, which is what csi_secret is at run time.
+_SECRET_OPTION = cast("_ExtensionFieldDescriptor[FieldOptions, bool]", csi_pb2.csi_secret)
 
 
 def _is_secret(field: FieldDescriptor) -> bool:
@@ -40,5 +46,6 @@ def _strip(doc: dict[str, Any], descriptor: Descriptor) -> None:
 def redacted(message: Message) -> dict[str, Any]:
     """A JSON-able dict of the message with secrets replaced by a marker."""
     doc = json_format.MessageToDict(message, preserving_proto_field_name=True)
-    _strip(doc, message.DESCRIPTOR)
+    # Generated messages carry the pure-Python or the upb descriptor (one API, two classes).
+    _strip(doc, cast(Descriptor, message.DESCRIPTOR))
     return doc

@@ -5,18 +5,21 @@ destructive or identity-changing step (deleting a volume, adopting an existing P
 cache a moment behind could be wrong. Finalizers are added and removed with strategic-merge
 patches (no resourceVersion): they cannot conflict with the PV controller's concurrent updates
 of the same claim, and they never drop somebody else's finalizer. Failures are translated into
-cephcsi.errors (apierrors.translate), so work items fail with messages naming the call.
+cephcsi.errors (kubeerrors.translate), so work items fail with messages naming the call.
 """
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from typing import Any
 
+import urllib3
 from kubernetes import client as k8s
 
 from cephcsi.errors import CephCSIError, NotFound
 from cephcsi.kube import apierrors
+from cephcsi.sidecars import kubeerrors
 from cephcsi.sidecars.objects import KubeObject
 
 
@@ -55,7 +58,7 @@ class KubeApi:
         except Exception as exc:  # noqa: BLE001 - classified below
             if apierrors.is_already_exists(exc) or apierrors.is_conflict(exc):
                 return None
-            raise apierrors.translate(exc, f'create PersistentVolume "{name}"') from exc
+            raise kubeerrors.translate(exc, f'create PersistentVolume "{name}"') from exc
         return _decode(response)
 
     def delete_pv(self, name: str) -> None:
@@ -103,17 +106,30 @@ class KubeApi:
                    lambda: self._storage.patch_volume_attachment_status(
                        name, {"status": status}, _preload_content=False))
 
+    def mark_detached(self, name: str) -> None:
+        """Patch the status subresource: attached=false, no detachError or attachmentMetadata
+        (external-attacher's markAsDetached, before it drops its finalizer)."""
+        status = {"attached": False, "detachError": None, "attachmentMetadata": None}
+        self._optional(f'mark VolumeAttachment "{name}" detached',
+                       lambda: self._storage.patch_volume_attachment_status(
+                           name, {"status": status}, _preload_content=False))
+
+    def remove_attachment_finalizer(self, name: str, finalizer: str) -> None:
+        self._optional(f'remove finalizer from VolumeAttachment "{name}"',
+                       lambda: self._storage.patch_volume_attachment(
+                           name, _remove_finalizer(finalizer), _preload_content=False))
+
     # ---- helpers -----------------------------------------------------------------------------------
 
-    def _call(self, what: str, call: Any) -> KubeObject:
+    def _call(self, what: str, call: Callable[[], urllib3.BaseHTTPResponse]) -> KubeObject:
         try:
             return _decode(call())
         except CephCSIError:
             raise
         except Exception as exc:  # noqa: BLE001 - every client failure is translated
-            raise apierrors.translate(exc, what) from exc
+            raise kubeerrors.translate(exc, what) from exc
 
-    def _optional(self, what: str, call: Any) -> KubeObject | None:
+    def _optional(self, what: str, call: Callable[[], urllib3.BaseHTTPResponse]) -> KubeObject | None:
         try:
             return self._call(what, call)
         except NotFound:
@@ -125,11 +141,10 @@ def _remove_finalizer(finalizer: str) -> dict[str, Any]:
     return {"metadata": {"$deleteFromPrimitiveList/finalizers": [finalizer]}}
 
 
-def _decode(response: Any) -> KubeObject:
+def _decode(response: urllib3.BaseHTTPResponse) -> KubeObject:
     try:
         data = response.data
     finally:
-        release = getattr(response, "release_conn", None)
-        if release is not None:
-            release()
-    return json.loads(data) if data else {}
+        response.release_conn()
+    decoded: KubeObject = json.loads(data) if data else {}
+    return decoded

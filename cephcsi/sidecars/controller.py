@@ -31,26 +31,36 @@ from kubernetes import client as k8s
 
 from cephcsi._generated import csi_pb2
 from cephcsi.errors import ConfigError
-from cephcsi.kube.client import ClientSettings, new_api_client
+from cephcsi.kube.client import ClientSettings, ThrottledApiClient, new_api_client
+from cephcsi.kube.errors import KubeError
 from cephcsi.kube.events import EventRecorder, EventSettings
 from cephcsi.kube.factory import InformerFactory
+from cephcsi.kube.informer import Informer
 from cephcsi.kube.leaderelection import LeaderCallbacks, LeaderElectionConfig, LeaderElector
 from cephcsi.kube.leaselock import KubeLeaseLock
 from cephcsi.kube.ratelimit import ItemBackoffSettings
 from cephcsi.observability.health import HealthRegistry
 from cephcsi.observability.logging import fields
 from cephcsi.settings import Settings
+from cephcsi.sidecars import kubeerrors
 from cephcsi.sidecars.api import KubeApi
 from cephcsi.sidecars.attacher import strategy as attach_strategy
 from cephcsi.sidecars.attacher.controller import AttacherLoop
+from cephcsi.sidecars.attacher.legacy import LegacyTakeover
 from cephcsi.sidecars.calls import CsiCalls
 from cephcsi.sidecars.provisioner.context import ProvisionerContext, provisioner_identity
 from cephcsi.sidecars.provisioner.controller import ProvisionerLoop
 from cephcsi.sidecars.provisioner.pvspec import PVOptions
 from cephcsi.sidecars.provisioner.request import RequestOptions
+from cephcsi.sidecars.resizer.api import ResizerApi
+from cephcsi.sidecars.resizer.controller import ResizerLoop
+from cephcsi.sidecars.resizer.worker import ResizerContext
+from cephcsi.sidecars.snapshotter.api import SnapshotApi
+from cephcsi.sidecars.snapshotter.content import SnapshotterContext
+from cephcsi.sidecars.snapshotter.controller import SnapshotterLoop
 
 if TYPE_CHECKING:
-    from cephcsi.cli.main import Services
+    from cephcsi.csi.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +71,10 @@ _SERVICE = csi_pb2.PluginCapability.Service
 # Worker threads of the attacher: its work is one small patch per attachment, so the
 # provisioner-sized --worker-threads (100) would only add idle threads (external-attacher: 10).
 ATTACHER_WORKERS = 10
+# Resizer workers: external-resizer's default (--workers 10); resizes are rare and short.
+RESIZER_WORKERS = 10
+# Snapshotter workers: csi-snapshotter's default (--worker-threads 10).
+SNAPSHOTTER_WORKERS = 10
 
 
 def lease_name(driver_name: str) -> str:
@@ -108,7 +122,7 @@ class ControllerLoops:
         self.request_exit = request_exit
         self.loops = loops
         kubeconfig = self.sidecar.kubeconfig or None
-        self.api_client = new_api_client(ClientSettings(
+        self.api_client = _api_client(ClientSettings(
             kubeconfig=kubeconfig, qps=self.sidecar.kube_api_qps, burst=self.sidecar.kube_api_burst, timeout=15.0))
         self.lease_client: k8s.ApiClient | None = None
         self.factory = InformerFactory(self.api_client)
@@ -119,6 +133,8 @@ class ControllerLoops:
                                       max(self.sidecar.retry_interval_start, self.sidecar.retry_interval_max))
         self.provisioner = self._provisioner(backoff) if "provisioner" in loops else None
         self.attacher = self._attacher(backoff) if "attacher" in loops else None
+        self.resizer = self._resizer(backoff) if "resizer" in loops else None
+        self.snapshotter = self._snapshotter(backoff) if "snapshotter" in loops else None
         self.elector: LeaderElector | None = None
         self._term_lock = threading.Lock()
         self._term: _Term | None = None
@@ -150,6 +166,7 @@ class ControllerLoops:
             pv_options=PVOptions(driver, provisioner_identity(driver), use_topology),
             nodes=self.factory.nodes() if use_topology else None,
             csinodes=self.factory.csi_nodes() if use_topology else None,
+            snapshots=SnapshotApi(self.api_client),
         )
         return ProvisionerLoop(ctx, workers=self.sidecar.worker_threads, backoff=backoff)
 
@@ -158,8 +175,45 @@ class ControllerLoops:
         assert controller is not None
         caps = controller.ControllerGetCapabilities(csi_pb2.ControllerGetCapabilitiesRequest(), None).capabilities
         chosen = attach_strategy.choose(caps, self.api)
-        return AttacherLoop(self.settings.driver_name, self.factory.volume_attachments(), chosen,
-                            workers=min(self.sidecar.worker_threads, ATTACHER_WORKERS), backoff=backoff)
+        attachments = self.factory.volume_attachments()
+        # Finalizers left by ceph-csi >= 3.15's csi-attacher are taken over (attacher/legacy.py).
+        takeover = LegacyTakeover(self.api, self.settings.driver_name, attachments)
+        return AttacherLoop(self.settings.driver_name, attachments, chosen,
+                            workers=min(self.sidecar.worker_threads, ATTACHER_WORKERS), backoff=backoff,
+                            volumes=self.factory.persistent_volumes(), takeover=takeover)
+
+    def _resizer(self, backoff: ItemBackoffSettings) -> ResizerLoop:
+        controller = self.services.controller
+        assert controller is not None
+        caps = controller.ControllerGetCapabilities(csi_pb2.ControllerGetCapabilitiesRequest(), None).capabilities
+        ctx = ResizerContext(
+            driver_name=self.settings.driver_name,
+            claims=self.factory.persistent_volume_claims(),
+            volumes=self.factory.persistent_volumes(),
+            api=self.api,
+            writer=ResizerApi(self.api_client),
+            events=self.events,
+            controller=controller,
+            calls=self.calls,
+            multi_writer=any(c.rpc.type == _RPC.SINGLE_NODE_MULTI_WRITER for c in caps),
+        )
+        return ResizerLoop(ctx, workers=min(self.sidecar.worker_threads, RESIZER_WORKERS), backoff=backoff)
+
+    def _snapshotter(self, backoff: ItemBackoffSettings) -> SnapshotterLoop:
+        controller = self.services.controller
+        assert controller is not None
+        snapshots = SnapshotApi(self.api_client)
+        ctx = SnapshotterContext(
+            driver_name=self.settings.driver_name,
+            contents=Informer(snapshots.list_contents, name="volumesnapshotcontents"),
+            snapshots=snapshots,
+            api=self.api,
+            events=self.events,
+            controller=controller,
+            calls=self.calls,
+            extra_create_metadata=self.sidecar.extra_create_metadata,
+        )
+        return SnapshotterLoop(ctx, workers=min(self.sidecar.worker_threads, SNAPSHOTTER_WORKERS), backoff=backoff)
 
     # ---- lifecycle --------------------------------------------------------------------------------
 
@@ -178,7 +232,7 @@ class ControllerLoops:
             renew_deadline=self.sidecar.renew_deadline,
             retry_period=self.sidecar.retry_period,
         )
-        self.lease_client = new_api_client(ClientSettings(kubeconfig=self.sidecar.kubeconfig or None, qps=0))
+        self.lease_client = _api_client(ClientSettings(kubeconfig=self.sidecar.kubeconfig or None, qps=0))
         lock = KubeLeaseLock(self.lease_client, config.namespace, config.lease_name)
         self.elector = LeaderElector(lock, config, LeaderCallbacks(
             on_started_leading=self._on_started_leading,
@@ -200,6 +254,8 @@ class ControllerLoops:
             if self._unconditional is not None:
                 self._unconditional.join(self.settings.shutdown_grace)
         self.events.stop(timeout=2.0)
+        if self.snapshotter is not None:
+            self.snapshotter.close()
         self.factory.stop(timeout=5.0)
         self.calls.shutdown()
         for client in (self.api_client, self.lease_client):
@@ -233,7 +289,7 @@ class ControllerLoops:
         with self._term_lock:
             if stop.is_set() or self._term is not term:
                 return
-            for loop in (self.provisioner, self.attacher):
+            for loop in (self.provisioner, self.attacher, self.resizer, self.snapshotter):
                 if loop is not None:
                     loop.start(stop)
             term.started = True
@@ -245,7 +301,7 @@ class ControllerLoops:
             return
         term.stop.set()  # CSI waits and queues notice at once
         if term.started:
-            for loop in (self.provisioner, self.attacher):
+            for loop in (self.provisioner, self.attacher, self.resizer, self.snapshotter):
                 if loop is not None:
                     loop.stop(timeout=timeout if timeout is not None else 3600.0)
         # A call that timed out for its caller may still be running: it must end before another
@@ -256,6 +312,14 @@ class ControllerLoops:
     def _informers_synced(self) -> str | None:
         waiting = [i.name for i in self.factory.informers() if not i.has_synced()]
         return f"informers not synced yet: {', '.join(waiting)}" if waiting else None
+
+
+def _api_client(settings: ClientSettings) -> ThrottledApiClient:
+    """new_api_client, its failure (no usable kubeconfig) as a cephcsi ConfigError."""
+    try:
+        return new_api_client(settings)
+    except KubeError as error:
+        raise kubeerrors.from_kube(error) from error
 
 
 def start_controller_loops(settings: Settings, services: Services, health: HealthRegistry,

@@ -16,7 +16,7 @@ from cephcsi.settings import Settings
 from cephcsi.sidecars.registrar import Registrar, RegistrarOptions
 
 if TYPE_CHECKING:
-    from cephcsi.cli.main import Services
+    from cephcsi.csi.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def start_sidecars(settings: Settings, services: Services, health: HealthRegistr
         registrar.start()
         health.add_liveness("registrar", registrar.health)
         runner.add(registrar)
-    controller_loops = enabled & {"provisioner", "attacher"}
+    controller_loops = enabled & {"provisioner", "attacher", "resizer", "snapshotter"}
     if controller_loops:
         from cephcsi.sidecars.controller import start_controller_loops
 

@@ -125,12 +125,13 @@ class Journal:
         """The uuid's record, filling it with these values if it holds none yet.
 
         Call under `locked(uuid)`, after checking the name still points at `uuid`. What is
-        returned is always read back from RADOS, never made up: if the record vanished, that
-        is an error, not a success."""
+        returned is what RADOS holds — what this call just wrote under the lease, or the record
+        read back — never made up: if the record vanished, that is an error, not a success."""
         values = {self.kind.name_field: name, IMAGE_NAME: image_name, **(extra or {})}
         obj = self._record_object(uuid)
-        if not omap.create_exclusive(self.io, obj, values):
-            omap.set_unless_key(self.io, obj, self.kind.name_field, values)
+        # The lease created the object; the guarded write fills it unless a record is there.
+        if omap.set_unless_key(self.io, obj, self.kind.name_field, values):
+            return Record(uuid, name, image_name, extra=tuple(sorted((extra or {}).items())))
         record = self.read(uuid)
         if record is None:
             raise Internal(f"journal record {obj} disappeared while it was being written; retry")
@@ -159,6 +160,16 @@ class Journal:
 
     def set_image_id(self, uuid: str, image_id: str) -> None:
         omap.update(self.io, self._record_object(uuid), {IMAGE_ID: image_id})
+
+    def update(self, uuid: str, values: dict[str, str]) -> None:
+        """Set extra keys on an existing record (NotFound if it is gone); under `locked(uuid)`."""
+        omap.update(self.io, self._record_object(uuid), values)
+
+    def uuids(self) -> dict[str, str]:
+        """Every request name → uuid of this directory (for listings; one omap read)."""
+        values = omap.read(self.io, self.directory) or {}
+        prefix = self.kind.name_key_prefix
+        return {key[len(prefix):]: uuid for key, uuid in values.items() if key.startswith(prefix)}
 
     def release_name(self, name: str, uuid: str) -> None:
         """Drop the name → uuid key, but only while it still points at this uuid."""

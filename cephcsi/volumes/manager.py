@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import rados
 
-from cephcsi.ceph import images, imagestate, trash
+from cephcsi.ceph import image_metadata, images, imagestate, trash
 from cephcsi.ceph.connection import ConnectionCache, Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.errors import AlreadyExists, Internal, NotFound, OperationInFlight
+from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
-from cephcsi.volumes import failpoints
+from cephcsi.volumes import clones, dependents, failpoints
 from cephcsi.volumes.capacity import fits
 from cephcsi.volumes.journal import VOLUMES, Journal, Record
-from cephcsi.volumes.locks import KeyLocks
 from cephcsi.volumes.parameters import VolumeParameters
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
@@ -38,6 +38,10 @@ class CreateRequest:
     required_bytes: int
     limit_bytes: int
     credentials: Credentials
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    """Image metadata to hold (--extra-create-metadata owner keys, cephcsi.volumes.metadata)."""
+    source: clones.ContentSource | None = None
+    """Snapshot to restore or volume to clone (cephcsi.volumes.clones)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,8 @@ class VolumeManager:
         self.name_locks = KeyLocks("volume name")
         self.id_locks = KeyLocks("volume")
         self.inline_purges = trash.InlinePurges(inline_purge_seconds)
+        self.cloner: clones.Cloner | None = None
+        """Set when snapshots and clones are enabled (the controller wires it)."""
 
     def _journal(self, io: rados.Ioctx) -> Journal:
         return Journal(io, self.instance_id, VOLUMES, lock_seconds=self.journal_lock_seconds)
@@ -86,17 +92,27 @@ class VolumeManager:
                 # Two rounds at most: the first may find the name released by a delete that
                 # finished while we waited for its lock.
                 for _ in range(2):
-                    uuid = journal.lookup(request.name) or journal.reserve(request.name, VolumeId.new_uuid())
+                    proposed = VolumeId.new_uuid()
+                    uuid = journal.reserve(request.name, proposed)
+                    fresh = uuid == proposed
                     failpoints.reach("create.after-reserve")
                     with journal.locked(uuid):
-                        if journal.lookup(request.name) != uuid:
+                        # A uuid this call just reserved is known to nobody else, so no delete
+                        # can have released it; an adopted one is checked again under the lock.
+                        if not fresh and journal.lookup(request.name) != uuid:
                             journal.discard_orphan(uuid)
                             continue
-                        record = journal.claim_record(uuid, request.name, f"{params.name_prefix}{uuid}")
+                        record = journal.claim_record(uuid, request.name, f"{params.name_prefix}{uuid}",
+                                                      clones.record_values(request.source))
                         failpoints.reach("create.after-record")
-                        image_id, size = self._ensure_image(io, request, record.image_name)
+                        if self.cloner is not None and (request.source is not None or clones.has_source(record)):
+                            image_id, size = self.cloner.ensure(session, io, request, record)
+                        else:
+                            image_id, size = self._ensure_image(io, request, record.image_name, maybe_exists=not fresh)
                         if record.image_id != image_id:
                             journal.set_image_id(uuid, image_id)
+                        # After the image id is journaled: a crash here leaves a volume whose retry sets it.
+                        image_metadata.ensure(io, record.image_name, request.metadata)
                         return Volume(
                             volume_id=VolumeId(params.cluster_id, io.get_pool_id(), uuid),
                             size=size,
@@ -105,10 +121,13 @@ class VolumeManager:
                         )
                 raise OperationInFlight(f"volume {request.name!r} is being deleted concurrently; retry")
 
-    def _ensure_image(self, io: rados.Ioctx, request: CreateRequest, name: str) -> tuple[str, int]:
-        """(image id, size) of the volume's image, creating it when it does not exist yet."""
+    def _ensure_image(self, io: rados.Ioctx, request: CreateRequest, name: str, maybe_exists: bool = True) -> tuple[str, int]:
+        """(image id, size) of the volume's image, creating it when it does not exist yet.
+
+        `maybe_exists` is False for a name reserved by this very call: nothing can have made its
+        image yet, so the existence probe is skipped (create still handles a taken name)."""
         params = request.parameters
-        info = images.stat(io, name) if images.lookup_id(io, name) is not None else None
+        info = images.stat(io, name) if maybe_exists and images.lookup_id(io, name) is not None else None
         if info is None:
             log.info("creating image", extra=fields(image=name, pool=params.pool, bytes=request.size))
             image_id = images.create(io, name, request.size, params.features, params.data_pool)
@@ -179,9 +198,20 @@ class VolumeManager:
                 "run `cephcsi audit` to inspect it"
             )
         if state.live:
-            trash.require_unused(io, record.image_name)
+            dependents.require_unused(io, record.image_name)
+            # Snapshots or clones still read through it: librbd purges it after them.
+            if dependents.defer_if_parent(io, state):
+                return
         trash.move(io, state)
         failpoints.reach("delete.after-trash")
+        if not state.live:
+            # Resuming a delete that a crash interrupted, perhaps inside librbd with the image
+            # open: its dead watch would make the mgr's purge fail and back off for minutes.
+            # Answer FAILED_PRECONDITION instead until the watch expires; the retry then queues
+            # a purge that succeeds at once. (A live image was checked before the move.)
+            trash.require_unused(io, record.image_name, state.image_id)
+        if dependents.purged_by_librbd(io, state.image_id):
+            return
         trash.purge(session, io, pool, state.image_id, self.inline_purges)
 
     def find(self, name: str, parameters: VolumeParameters, credentials: Credentials) -> str | None:

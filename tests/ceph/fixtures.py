@@ -9,8 +9,12 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    import rados  # imported at run time inside the methods that use it, as before
 
 SCRIPT = pathlib.Path(__file__).with_name("cluster.sh")
 CLUSTER_ID = "test-cluster"
@@ -53,9 +57,10 @@ class CephTestCluster:
         return sorted(json.loads(self.admin("rbd", "ls", "-p", self.pool, "--format", "json") or "[]"))
 
     def trash(self) -> list[dict[str, str]]:
-        return json.loads(self.admin("rbd", "trash", "ls", "-p", self.pool, "--format", "json") or "[]")
+        entries: list[dict[str, str]] = json.loads(self.admin("rbd", "trash", "ls", "-p", self.pool, "--format", "json") or "[]")
+        return entries
 
-    def _admin_ioctx(self):  # type: ignore[no-untyped-def]
+    def _admin_ioctx(self) -> tuple[rados.Rados, rados.Ioctx]:
         import rados
 
         client = rados.Rados(rados_id="admin", conf={"mon_host": self.mon_host, "key": self.admin_key})

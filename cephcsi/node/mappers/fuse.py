@@ -78,6 +78,36 @@ _LOOP_INFO64 = struct.Struct("=QQQQQIIII64s")
 _LOOP_INFO64_SIZE = 232
 
 
+RBD_FUSE_DEFAULT_POOL = "rbd"
+# rbd-fuse options that crash a libfuse3 build (see rbd_fuse_argv), and how that crash exits:
+# killed by SIGSEGV/SIGABRT (Ceph's handler re-raises), or 128+signal through a shell.
+_CRASH_CODES = frozenset({-11, -6, 139, 134})
+
+
+def rbd_fuse_argv(conf: str, user_id: str, pool: str, namespace: str, image: str, mount_dir: str) -> list[str]:
+    """The rbd-fuse command line. -p is left out for rbd-fuse's own default pool 'rbd'.
+
+    rbd-fuse's option defaults are string literals (pool "rbd", namespace ""), and libfuse3's
+    fuse_opt_parse frees a "%s" option's previous value before storing the new one (libfuse2
+    did not). So an rbd-fuse built against libfuse3 (Debian 13's Ceph 18.2.7 with libfuse3
+    3.17.2) calls free() on a literal and dies of SIGSEGV (-p/--poolname) or SIGABRT
+    (-s/--namespace) on every mount that passes a pool or namespace. -c and --id are consumed
+    by Ceph's own argument parsing and -r's default is NULL, so those are safe. Without -p
+    the argv means the same to every rbd-fuse (Pacific's libfuse2 build included); a
+    non-default pool or a namespace still needs the options, which such a build cannot take.
+    """
+    argv = ["rbd-fuse", "-c", conf, "--id", user_id]
+    if pool != RBD_FUSE_DEFAULT_POOL:
+        argv += ["-p", pool]
+    if namespace:
+        argv.append(f"--namespace={namespace}")
+    return [*argv, "-r", image, mount_dir]
+
+
+def _passes_pool_or_namespace(argv: list[str]) -> bool:
+    return any(arg in ("-p", "-s") or arg.startswith(("--poolname=", "--namespace=")) for arg in argv)
+
+
 def backing_file(work_dir: str, image: str) -> str:
     return os.path.join(work_dir, MOUNT_DIR, image)
 
@@ -276,10 +306,7 @@ class FuseMapper:
         what = f"start rbd-fuse for {request.image}"
         with key_file(request.credentials, directory=request.work_dir) as keyfile:
             conf = self._write_conf(request.work_dir, request.monitors, keyfile)
-            argv = ["rbd-fuse", "-c", conf, "--id", request.credentials.user_id, "-p", request.image.pool]
-            if request.image.namespace:
-                argv.append(f"--namespace={request.image.namespace}")
-            argv += ["-r", request.image.image, mount_dir]
+            argv = rbd_fuse_argv(conf, request.credentials.user_id, request.image.pool, request.image.namespace, request.image.image, mount_dir)
             try:
                 self.run(
                     argv,
@@ -289,6 +316,14 @@ class FuseMapper:
                     secrets=(request.credentials.key,),
                 )
             except CommandFailed as error:
+                if error.returncode in _CRASH_CODES and _passes_pool_or_namespace(argv):
+                    raise FailedPrecondition(
+                        f"{what}: rbd-fuse crashed while parsing its options (exit {error.returncode}). This rbd-fuse "
+                        "(a libfuse3 build, e.g. Debian 13's Ceph 18.2.7) crashes on every -p/--poolname and "
+                        "-s/--namespace option, so it can serve only images in the pool 'rbd' outside any RADOS "
+                        f"namespace; {request.image} is not. Use the krbd or rbd-nbd mapper for it. "
+                        f"{tail(error.stderr, 200)}"
+                    ) from None
                 raise self._translate(error, what) from None
             # The first request waits for rbd-fuse's FUSE init (its Ceph connection); only then
             # may the key file go.

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cephcsi.sidecars import objects
-from cephcsi.sidecars.provisioner import names
+from cephcsi.sidecars.provisioner import datasource, names
 
 
 class Action(enum.Enum):
@@ -104,8 +104,8 @@ def decide(claim: Mapping[str, Any], storage_class: Mapping[str, Any] | None, pv
         return Decision(Action.SKIP, "WaitForFirstConsumer: no node selected yet")
     if objects.spec(claim).get("selector"):
         return Decision(Action.FAIL, "claim Selector is not supported")
-    source = objects.spec(claim).get("dataSourceRef") or objects.spec(claim).get("dataSource")
-    if source:
-        kind = source.get("kind", "?") if isinstance(source, Mapping) else "?"
-        return Decision(Action.FAIL, f"dataSource of kind {kind} is not supported: this driver cannot clone or restore volumes yet")
+    source = datasource.source_of(claim)
+    reason = datasource.unsupported(source) if source is not None else None
+    if reason:
+        return Decision(Action.FAIL, reason)
     return Decision(Action.PROVISION, "claim is pending and ours")

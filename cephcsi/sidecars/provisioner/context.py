@@ -14,6 +14,7 @@ from cephcsi.sidecars.calls import CsiCalls
 from cephcsi.sidecars.objects import KubeObject
 from cephcsi.sidecars.provisioner.pvspec import PVOptions
 from cephcsi.sidecars.provisioner.request import RequestOptions
+from cephcsi.sidecars.snapshotter.api import SnapshotApi
 
 
 def provisioner_identity(driver_name: str) -> str:
@@ -38,6 +39,8 @@ class ProvisionerContext:
     """Only with topology."""
     csinodes: Informer | None = None
     """Only with topology."""
+    snapshots: SnapshotApi | None = None
+    """VolumeSnapshot reads for claims restored from a snapshot (cephcsi.sidecars.provisioner.datasource)."""
 
     def storage_class(self, name: str) -> KubeObject | None:
         return self.classes.get(name) if name else None

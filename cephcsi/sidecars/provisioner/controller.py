@@ -20,12 +20,13 @@ from cephcsi.kube.informer import EventHandler, HandlerRegistration, Informer
 from cephcsi.kube.ratelimit import ItemBackoffSettings, ItemExponentialBackoff
 from cephcsi.kube.workqueue import WorkQueue, Workers
 from cephcsi.observability.logging import fields
-from cephcsi.sidecars import objects
+from cephcsi.sidecars import kubeerrors, objects
 from cephcsi.sidecars.objects import KubeObject
 from cephcsi.sidecars.provisioner import claims, names
 from cephcsi.sidecars.provisioner.context import ProvisionerContext
 from cephcsi.sidecars.provisioner.delete import ATTACHED_PV_INDEX, VolumeWorker, attachment_pv_index, is_ours
 from cephcsi.sidecars.provisioner.provision import ClaimWorker
+from cephcsi.sidecars.provisioner.static import is_static_pv
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,8 @@ class ProvisionerLoop:
         claim_queue: WorkQueue[str] = WorkQueue("provisioner-claims", rate_limiter=ItemExponentialBackoff(self.backoff))
         volume_queue: WorkQueue[str] = WorkQueue("provisioner-volumes", rate_limiter=ItemExponentialBackoff(self.backoff))
         claim_worker, volume_worker = ClaimWorker(self.ctx, stop), VolumeWorker(self.ctx, stop)
-        pools = [Workers(claim_queue, claim_worker.process, count=self.workers),
-                 Workers(volume_queue, volume_worker.process, count=self.workers)]
+        pools = [Workers(claim_queue, claim_worker.process, count=self.workers, expected=kubeerrors.EXPLAINED),
+                 Workers(volume_queue, volume_worker.process, count=self.workers, expected=kubeerrors.EXPLAINED)]
         for pool in pools:
             pool.start()
         registrations = [
@@ -95,7 +96,7 @@ class ProvisionerLoop:
         driver = self.ctx.driver_name
 
         def changed(pv: KubeObject) -> None:
-            if is_ours(pv, driver):
+            if is_ours(pv, driver) or is_static_pv(pv, driver):
                 volume_queue.add(objects.name(pv))
 
         return EventHandler(on_add=changed, on_update=lambda _old, new: changed(new), resync_period=self.resync)

@@ -31,6 +31,7 @@ from cephcsi.sidecars.objects import KubeObject
 from cephcsi.sidecars.provisioner import names, secrets
 from cephcsi.sidecars.provisioner.context import ProvisionerContext
 from cephcsi.sidecars.provisioner.outcome import describe
+from cephcsi.sidecars.provisioner.static import StaticGuard, is_static_pv
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +69,14 @@ class VolumeWorker:
     def __init__(self, ctx: ProvisionerContext, stop: threading.Event) -> None:
         self.ctx = ctx
         self.stop = stop
+        self.static = StaticGuard(ctx)
 
     def process(self, name: str) -> None:
         with request_scope():
             pv = self.ctx.volumes.get(name)
+            if pv is not None and is_static_pv(pv, self.ctx.driver_name):
+                self.static.process(pv)  # a pre-provisioned image is never deleted
+                return
             if pv is None or not is_ours(pv, self.ctx.driver_name):
                 return
             policy = objects.spec(pv).get("persistentVolumeReclaimPolicy")

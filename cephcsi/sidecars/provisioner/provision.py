@@ -48,7 +48,7 @@ from cephcsi.observability.logging import fields, request_scope
 from cephcsi.sidecars import metrics, objects
 from cephcsi.sidecars.calls import Stopping
 from cephcsi.sidecars.objects import KubeObject
-from cephcsi.sidecars.provisioner import names, secrets, topology
+from cephcsi.sidecars.provisioner import datasource, names, secrets, topology
 from cephcsi.sidecars.provisioner.claims import Action, decide, selected_node, storage_class_name, waits_for_consumer
 from cephcsi.sidecars.provisioner.context import ProvisionerContext
 from cephcsi.sidecars.provisioner.outcome import Outcome, classify, describe
@@ -71,6 +71,8 @@ class ClaimWorker:
             if claim is None:
                 return  # gone; an unfinished one could not have gone (finalizer)
             pv_name = names.volume_name(objects.uid(claim))
+            # A source claim of a clone being deleted: release it once no clone needs it.
+            datasource.release_clone_protection(self.ctx, claim)
             storage_class = self.ctx.storage_class(storage_class_name(claim))
             decision = decide(claim, storage_class, self.ctx.volumes.get(pv_name) is not None, self.ctx.driver_name)
             if decision.action is Action.SKIP:
@@ -123,6 +125,9 @@ class ClaimWorker:
         if not objects.has_finalizer(claim, self.finalizer):
             ctx.api.add_pvc_finalizer(namespace, name, self.finalizer)
         request = planned.to_proto(ctx.request_options, secret_values, accessibility)
+        content_source = datasource.resolve(ctx, claim, planned)
+        if content_source is not None:
+            request.volume_content_source.CopyFrom(content_source)
         response = ctx.calls.run("CreateVolume", planned.name,
                                  lambda: ctx.controller.CreateVolume(request, None), self.stop)
         volume = response.volume
@@ -137,6 +142,7 @@ class ClaimWorker:
         if ctx.api.create_pv(pv) is None:
             self._adopt(planned.name, uid)
         ctx.api.remove_pvc_finalizer(namespace, name, self.finalizer)
+        datasource.release_after_clone(ctx, claim)
         return planned.name
 
     def _adopt(self, pv_name: str, uid: str) -> None:

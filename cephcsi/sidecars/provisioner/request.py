@@ -98,11 +98,10 @@ def quantity_bytes(text: object, what: str) -> int:
     """A resource quantity ("10Gi", "500M", "1.5Gi") as whole bytes, rounded up like
     resource.Quantity.Value()."""
     try:
-        value = parse_quantity(text)
+        # parse_quantity takes numbers as they are and anything else by its str(), as here.
+        value = parse_quantity(text if isinstance(text, (int, float, Decimal)) else str(text))
     except (ValueError, TypeError, InvalidOperation):
         raise InvalidArgument(f"{what} {text!r} is not a valid quantity") from None
-    if not isinstance(value, Decimal):
-        value = Decimal(value)
     if value < 0:
         raise InvalidArgument(f"{what} {text!r} must not be negative")
     return int(math.ceil(value))

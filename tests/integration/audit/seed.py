@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid as uuidlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +55,7 @@ class Seeder:
         return f"{self.prefix}{uuid}"
 
     # --- the journal -------------------------------------------------------------------
-    def set_omap(self, obj: str, values: dict[str, str | bytes]) -> None:
+    def set_omap(self, obj: str, values: Mapping[str, str | bytes]) -> None:
         with rados.WriteOpCtx() as op:
             raw = tuple(v if isinstance(v, bytes) else v.encode() for v in values.values())
             self.io.set_omap(op, tuple(values), raw)

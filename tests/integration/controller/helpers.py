@@ -16,11 +16,11 @@ T = TypeVar("T")
 Mode = csi_pb2.VolumeCapability.AccessMode
 
 
-def mount_cap(mode: int = Mode.SINGLE_NODE_WRITER, fs: str = "") -> csi_pb2.VolumeCapability:
+def mount_cap(mode: Mode.Mode = Mode.SINGLE_NODE_WRITER, fs: str = "") -> csi_pb2.VolumeCapability:
     return csi_pb2.VolumeCapability(mount=csi_pb2.VolumeCapability.MountVolume(fs_type=fs), access_mode=Mode(mode=mode))
 
 
-def block_cap(mode: int = Mode.SINGLE_NODE_WRITER) -> csi_pb2.VolumeCapability:
+def block_cap(mode: Mode.Mode = Mode.SINGLE_NODE_WRITER) -> csi_pb2.VolumeCapability:
     return csi_pb2.VolumeCapability(block=csi_pb2.VolumeCapability.BlockVolume(), access_mode=Mode(mode=mode))
 
 

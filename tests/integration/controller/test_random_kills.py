@@ -8,100 +8,30 @@ no directory entry, no trash entry (once the mgr purged), no journal key or reco
 """
 from __future__ import annotations
 
-import random
-import threading
-import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-
-import grpc
 import pytest
 
-from cephcsi._generated import csi_pb2, csi_pb2_grpc
+from cephcsi._generated import csi_pb2
 from tests.ceph.fixtures import CephTestCluster
-from tests.integration.controller.helpers import create_request, until_ok
+from tests.integration.controller.helpers import create_request
+from tests.integration.controller.kills import Call, killable, run_phase
 from tests.integration.controller.pool_state import read_pool, wait_for_pool
 from tests.integration.driver import DriverProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph, pytest.mark.slow]
 
 VOLUMES = 100
-CONCURRENCY = 16
 KILLS_PER_PHASE = 3
-# Reconnect to the restarted driver quickly (gRPC's default backoff grows to minutes).
-CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 500),
-                   ("grpc.min_reconnect_backoff_ms", 50)]
 
 
-@pytest.fixture
-def killable(config_file: str) -> Iterator[DriverProcess]:
-    process = DriverProcess(config_file, mode="controller", args=["--journal-lock-timeout=2s"])
-    process.start()
-    try:
-        yield process
-    finally:
-        process.cleanup()
+__all__ = ["killable"]  # the fixture, imported for pytest
 
 
-class Progress:
-    """Completed calls of a phase, so kills are spread over it however fast it runs."""
-
-    def __init__(self) -> None:
-        self.done = 0
-        self.finished = False
-        self.changed = threading.Condition()
-
-    def advance(self) -> None:
-        with self.changed:
-            self.done += 1
-            self.changed.notify_all()
-
-    def finish(self) -> None:
-        with self.changed:
-            self.finished = True
-            self.changed.notify_all()
-
-    def wait_for(self, count: int) -> bool:
-        with self.changed:
-            self.changed.wait_for(lambda: self.done >= count or self.finished, timeout=300)
-            return not self.finished
+def _create(request: csi_pb2.CreateVolumeRequest) -> Call:
+    return lambda stub: stub.CreateVolume(request, timeout=30)
 
 
-def _kill_at_random(driver: DriverProcess, progress: Progress, kills: list[int]) -> None:
-    """SIGKILL the driver at KILLS_PER_PHASE random points of the phase (a random number of
-    completed calls, then a random few milliseconds, to land inside the calls in flight),
-    restarting it each time."""
-    for threshold in sorted(random.sample(range(5, VOLUMES - 10), KILLS_PER_PHASE)):
-        if not progress.wait_for(threshold):
-            return
-        time.sleep(random.uniform(0, 0.02))
-        assert driver.process is not None
-        driver.process.kill()  # not DriverProcess.kill: the callers' channel stays open
-        driver.process.wait()
-        kills.append(progress.done)
-        driver.start()
-
-
-def _run_phase(driver: DriverProcess, calls: list[Callable[[csi_pb2_grpc.ControllerStub], object]]) -> tuple[list[object], list[int]]:
-    progress = Progress()
-    kills: list[int] = []
-    killer = threading.Thread(target=_kill_at_random, args=(driver, progress, kills))
-
-    def run(call: Callable[[csi_pb2_grpc.ControllerStub], object], stub: csi_pb2_grpc.ControllerStub) -> object:
-        result = until_ok(lambda: call(stub), deadline=180)
-        progress.advance()
-        return result
-
-    with grpc.insecure_channel(driver.endpoint, options=CHANNEL_OPTIONS) as channel:
-        stub = csi_pb2_grpc.ControllerStub(channel)
-        killer.start()
-        try:
-            with ThreadPoolExecutor(CONCURRENCY) as pool:
-                results = list(pool.map(lambda call: run(call, stub), calls))
-        finally:
-            progress.finish()
-            killer.join()
-    return results, kills
+def _delete(request: csi_pb2.DeleteVolumeRequest) -> Call:
+    return lambda stub: stub.DeleteVolume(request, timeout=30)
 
 
 def test_random_sigkills_during_creates_and_deletes_leave_the_pool_as_it_was(
@@ -110,9 +40,7 @@ def test_random_sigkills_during_creates_and_deletes_leave_the_pool_as_it_was(
     baseline = read_pool(ceph_cluster)
     requests = [create_request(ceph_cluster) for _ in range(VOLUMES)]
 
-    created, create_kills = _run_phase(
-        killable, [lambda stub, r=r: stub.CreateVolume(r, timeout=30) for r in requests]
-    )
+    created, create_kills = run_phase(killable, [_create(r) for r in requests], KILLS_PER_PHASE)
     volume_ids = [response.volume.volume_id for response in created]  # type: ignore[attr-defined]
     assert len(set(volume_ids)) == VOLUMES, "one volume per name"
     during = read_pool(ceph_cluster)
@@ -121,7 +49,7 @@ def test_random_sigkills_during_creates_and_deletes_leave_the_pool_as_it_was(
     assert len(create_kills) == KILLS_PER_PHASE, f"kills during the create phase: {create_kills}"
 
     deletes = [csi_pb2.DeleteVolumeRequest(volume_id=vid, secrets=ceph_cluster.secrets) for vid in volume_ids]
-    _, delete_kills = _run_phase(killable, [lambda stub, d=d: stub.DeleteVolume(d, timeout=30) for d in deletes])
+    _, delete_kills = run_phase(killable, [_delete(d) for d in deletes], KILLS_PER_PHASE)
     assert len(delete_kills) == KILLS_PER_PHASE, f"kills during the delete phase: {delete_kills}"
 
     # The mgr purges the trash one image at a time, and waits out watches of killed clients.

@@ -5,7 +5,7 @@ the controller and node identities can do what they need and nothing on the deny
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import kubernetes.client
@@ -97,7 +97,7 @@ def test_controller_real_requests(control_plane: ControlPlane, controller_client
     lease.spec.holder_identity = "test-2"
     coordination.replace_namespaced_lease(lease.metadata.name, m.NAMESPACE, lease)
 
-    forbidden = [
+    forbidden: list[Callable[[], object]] = [
         lambda: core.create_namespaced_secret(m.NAMESPACE, {"metadata": {"name": f"x-{suffix}"}}),
         lambda: core.list_namespaced_secret(m.NAMESPACE),
         lambda: core.read_namespaced_secret("anything", m.OTHER_NAMESPACE),
@@ -119,7 +119,9 @@ def test_node_real_requests(control_plane: ControlPlane, node_client: kubernetes
         try:
             core = kubernetes.client.CoreV1Api(node_client)
             assert core.read_node(name).metadata.labels["topology.kubernetes.io/zone"] == "z1"
-            for call in (lambda: core.list_node(), lambda: core.patch_node(name, {"metadata": {"labels": {"a": "b"}}})):
+            calls: tuple[Callable[[], object], ...] = (
+                lambda: core.list_node(), lambda: core.patch_node(name, {"metadata": {"labels": {"a": "b"}}}))
+            for call in calls:
                 with pytest.raises(kubernetes.client.ApiException) as caught:
                     call()
                 assert caught.value.status == 403

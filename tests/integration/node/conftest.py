@@ -166,11 +166,11 @@ class Volume:
         return list(json.loads(out).get("watchers", []))
 
 
-def mount_cap(fs_type: str = "ext4", mode: int = Mode.SINGLE_NODE_WRITER, flags: tuple[str, ...] = ()) -> Cap:
+def mount_cap(fs_type: str = "ext4", mode: Mode.Mode = Mode.SINGLE_NODE_WRITER, flags: tuple[str, ...] = ()) -> Cap:
     return Cap(mount=Cap.MountVolume(fs_type=fs_type, mount_flags=list(flags)), access_mode=Mode(mode=mode))
 
 
-def block_cap(mode: int = Mode.SINGLE_NODE_WRITER) -> Cap:
+def block_cap(mode: Mode.Mode = Mode.SINGLE_NODE_WRITER) -> Cap:
     return Cap(block=Cap.BlockVolume(), access_mode=Mode(mode=mode))
 
 

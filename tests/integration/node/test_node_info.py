@@ -32,7 +32,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         self.server.requests.append(self.path)
         if self.path.split("?")[0] == "/api/v1/nodes/test-node":
-            body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "test-node", "labels": LABELS}}
+            body: dict[str, object] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "test-node", "labels": LABELS}}
             code = 200
         else:
             body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from typing import Any
 
 import grpc
 import pytest
@@ -28,13 +29,15 @@ def test_capabilities_and_info(env: NodeEnv) -> None:
     RPC = csi_pb2.NodeServiceCapability.RPC
     assert {c.rpc.type for c in caps.capabilities} == {
         RPC.STAGE_UNSTAGE_VOLUME, RPC.GET_VOLUME_STATS, RPC.VOLUME_CONDITION, RPC.SINGLE_NODE_MULTI_WRITER,
+        RPC.EXPAND_VOLUME,
     }
     info = env.node.NodeGetInfo(csi_pb2.NodeGetInfoRequest())
     assert info.node_id == "test-node" and info.max_volumes_per_node == 0
     assert not info.HasField("accessible_topology")
     plugin = env.driver.identity.GetPluginCapabilities(csi_pb2.GetPluginCapabilitiesRequest())
     assert list(plugin.capabilities) == []  # node mode: no controller, no topology without --domainlabels
-    expect_code(grpc.StatusCode.UNIMPLEMENTED, env.node.NodeExpandVolume,
+    # Expansion is served now; a path outside the kubelet dir holds no volume of ours.
+    expect_code(grpc.StatusCode.NOT_FOUND, env.node.NodeExpandVolume,
                 csi_pb2.NodeExpandVolumeRequest(volume_id="x", volume_path="/x"))
 
 
@@ -48,7 +51,9 @@ def test_volume_stats(env: NodeEnv, make_volume) -> None:  # type: ignore[no-unt
         os.fsync(handle.fileno())
 
     def stats(path: str) -> csi_pb2.NodeGetVolumeStatsResponse:
-        return env.node.NodeGetVolumeStats(csi_pb2.NodeGetVolumeStatsRequest(volume_id=volume.volume_id, volume_path=path))
+        response: csi_pb2.NodeGetVolumeStatsResponse = env.node.NodeGetVolumeStats(
+            csi_pb2.NodeGetVolumeStatsRequest(volume_id=volume.volume_id, volume_path=path))
+        return response
 
     for path in (target, staging):  # the target, or the staging path (resolved through its record)
         response = stats(path)
@@ -93,16 +98,19 @@ def _stage(env: NodeEnv, volume: Volume, staging: str, **changes: object) -> csi
     request = volume.stage_request(staging, mount_cap())
     for key, value in changes.items():
         if key == "volume_context":
+            assert isinstance(value, dict)
             request.volume_context.clear()
-            request.volume_context.update(value)  # type: ignore[arg-type]
+            request.volume_context.update(value)
         elif key == "secrets":
+            assert isinstance(value, dict)
             request.secrets.clear()
-            request.secrets.update(value)  # type: ignore[arg-type]
+            request.secrets.update(value)
         elif key == "volume_capability":
             if value is None:
                 request.ClearField("volume_capability")
             else:
-                request.volume_capability.CopyFrom(value)  # type: ignore[arg-type]
+                assert isinstance(value, csi_pb2.VolumeCapability)
+                request.volume_capability.CopyFrom(value)
         else:
             setattr(request, key, value)
     return request
@@ -111,7 +119,7 @@ def _stage(env: NodeEnv, volume: Volume, staging: str, **changes: object) -> csi
 def test_stage_refusals(env: NodeEnv, make_volume) -> None:  # type: ignore[no-untyped-def]
     volume: Volume = make_volume()
     staging = env.staging()
-    cases = [
+    cases: list[tuple[dict[str, object], grpc.StatusCode, str]] = [
         (dict(volume_id=""), INVALID, "volume_id is required"),
         (dict(staging_target_path=""), INVALID, "staging_target_path is required"),
         (dict(staging_target_path="/etc/cephcsi-test"), INVALID, "not inside the kubelet directory"),
@@ -157,7 +165,8 @@ def test_publish_unpublish_unstage_refusals(env: NodeEnv, make_volume) -> None: 
     volume: Volume = make_volume()
     staging, target = env.staging(), env.target()
     publish = env.node.NodePublishVolume
-    base = dict(volume_id=volume.volume_id, staging_target_path=staging, target_path=target, volume_capability=mount_cap())
+    base: dict[str, Any] = dict(volume_id=volume.volume_id, staging_target_path=staging, target_path=target,
+                                volume_capability=mount_cap())
     for field, text in (("volume_id", "volume_id is required"), ("target_path", "target_path is required"),
                         ("staging_target_path", "staging_target_path is required")):
         message = expect_code(INVALID, publish, csi_pb2.NodePublishVolumeRequest(**{**base, field: ""}))

@@ -49,3 +49,16 @@ def test_kube_options_default_quick_and_flags() -> None:
                  "--failover-kill", "0")
     assert (o.pvc_burst, o.pvc_repeats, o.failover_graceful, o.failover_kill) == (20, 3, 2, 0)
     assert o.to_json()["pvc_burst"] == 20
+
+
+def test_rounds_and_background_load_flags() -> None:
+    full = _options()
+    assert (full.rounds, full.background_loads) == (5, (0,))
+    o = _options("--rounds", "3", "--background-load", "0,1")
+    assert (o.rounds, o.background_loads) == (3, (0, 1))
+    assert o.to_json()["background_loads"] == [0, 1]
+    assert _options("--quick").rounds == 2
+    with pytest.raises(SystemExit):
+        _options("--rounds", "0")
+    with pytest.raises(SystemExit):
+        _options("--background-load", "-1")

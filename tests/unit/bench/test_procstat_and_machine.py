@@ -78,3 +78,30 @@ def test_sampler_of_this_process() -> None:
     time.sleep(0.05)
     peak = sampler.stop()
     assert len(sampler.samples) >= 2 and peak.rss_bytes > 0 and peak.pid == os.getpid()
+
+
+def test_cpu_seconds_of_a_process_is_precise_and_moves() -> None:
+    import os
+    import time
+
+    from bench import procstat
+
+    pid = os.getpid()
+    before = procstat.cpu_seconds(pid)
+    deadline = time.process_time() + 0.02
+    while time.process_time() < deadline:
+        pass
+    after = procstat.cpu_seconds(pid)
+    assert 0.015 <= after - before < 1.0
+    assert abs(procstat.cpu_seconds(pid) - procstat.self_cpu_seconds()) < 0.05
+
+
+def test_osd_op_counters_parse_and_subtract() -> None:
+    from bench.osdops import OpCounts, parse_perf_dump
+
+    before = parse_perf_dump('{"osd": {"op": 10, "op_r": 4, "op_w": 3, "op_rw": 3, "op_wip": 0}}')
+    after = parse_perf_dump('{"osd": {"op": 110, "op_r": 44, "op_w": 23, "op_rw": 43}}')
+    delta = after.minus(before)
+    assert delta == OpCounts(100, 40, 20, 40)
+    assert delta.per(10) == {"op": 10.0, "op_r": 4.0, "op_w": 2.0, "op_rw": 4.0}
+    assert delta.per(0) == {}

@@ -11,9 +11,9 @@ from cephcsi.volumes import failpoints
 pytestmark = pytest.mark.unit
 
 
-def _spec(name: str, state: int | None, version: int = 2) -> bytes:
+def _spec(name: str, state: int | None, version: int = 2, source: int = 0) -> bytes:
     """A cls_rbd TrashImageSpec as the OSD stores it (values seen on a Ceph 16 pool)."""
-    body = bytes([0]) + struct.pack("<I", len(name)) + name.encode() + struct.pack("<IIII", 1, 2, 3, 4)
+    body = bytes([source]) + struct.pack("<I", len(name)) + name.encode() + struct.pack("<IIII", 1, 2, 3, 4)
     if state is not None:
         body += bytes([state])
     return bytes([version, 1]) + struct.pack("<I", len(body)) + body
@@ -22,6 +22,12 @@ def _spec(name: str, state: int | None, version: int = 2) -> bytes:
 @pytest.mark.parametrize("raw_state, expected", [(0, TrashState.NORMAL), (1, TrashState.MOVING), (2, TrashState.REMOVING)])
 def test_decodes_the_trash_state(raw_state: int, expected: TrashState) -> None:
     assert decode_trash_entry("abc", _spec("csi-vol-1", raw_state)) == TrashEntry("abc", "csi-vol-1", expected)
+
+
+def test_decodes_the_source_of_a_parent_awaiting_its_clones() -> None:
+    entry = decode_trash_entry("abc", _spec("csi-vol-1", 0, source=4))
+    assert entry.awaits_children and entry.state is TrashState.NORMAL
+    assert not decode_trash_entry("abc", _spec("csi-vol-1", 0)).awaits_children
 
 
 def test_version_one_entries_predate_states_and_are_normal() -> None:

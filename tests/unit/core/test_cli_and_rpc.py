@@ -19,7 +19,7 @@ Mode = csi_pb2.VolumeCapability.AccessMode
 def test_defaults_follow_the_sidecars() -> None:
     s = parse_settings(["--mode=controller"])
     assert s.driver_name == "rbd.csi.ceph.com"
-    assert s.sidecars.enabled == ("provisioner", "attacher")
+    assert s.sidecars.enabled == ("provisioner", "attacher", "resizer", "snapshotter")
     assert (s.sidecars.lease_duration, s.sidecars.renew_deadline, s.sidecars.retry_period) == (15, 10, 2)
     assert s.sidecars.retry_interval_start == 1 and s.sidecars.retry_interval_max == 300
 
@@ -65,7 +65,7 @@ def test_redaction_strips_every_secret_field() -> None:
         assert "AQsecret" not in str(redacted(message(secrets={"userKey": "AQsecret"})))
 
 
-def _cap(mode: int, block: bool = False, fs: str = "") -> csi_pb2.VolumeCapability:
+def _cap(mode: Mode.Mode, block: bool = False, fs: str = "") -> csi_pb2.VolumeCapability:
     if block:
         return csi_pb2.VolumeCapability(block=csi_pb2.VolumeCapability.BlockVolume(), access_mode=Mode(mode=mode))
     return csi_pb2.VolumeCapability(mount=csi_pb2.VolumeCapability.MountVolume(fs_type=fs), access_mode=Mode(mode=mode))

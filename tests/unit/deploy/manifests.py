@@ -206,10 +206,16 @@ CONTROLLER_MUST = [
     *_each("create patch", "", "events", "events in any namespace", namespace=OTHER_NAMESPACE),
     *_each("get create update", "coordination.k8s.io", "leases", "leader election", namespace=NAMESPACE),
     *_each("get", "", "secrets", "StorageClass secret references", namespace=NAMESPACE),
+    *_each("patch", "", "persistentvolumeclaims", "resizer records a resize in the claim's status",
+           namespace="default", sub="status"),
+    *_each("get list watch patch", "snapshot.storage.k8s.io", "volumesnapshotcontents", "snapshotter"),
+    *_each("patch", "snapshot.storage.k8s.io", "volumesnapshotcontents", "snapshotter status", sub="status"),
+    *_each("get", "snapshot.storage.k8s.io", "volumesnapshotclasses", "snapshotter parameters and secrets"),
+    *_each("get", "snapshot.storage.k8s.io", "volumesnapshots", "provisioner restores", namespace="default"),
 ]
 CONTROLLER_MUST_NOT = [
     *_each("create delete deletecollection", "", "persistentvolumeclaims", "never creates or deletes claims", namespace="default"),
-    *_each("patch update", "", "persistentvolumeclaims", "no resizer yet", namespace="default", sub="status"),
+    *_each("update", "", "persistentvolumeclaims", "resizer only patches the status", namespace="default", sub="status"),
     *_each("create update patch delete list watch", "", "secrets", "only reads secrets by name", namespace=NAMESPACE),
     *_each("get", "", "secrets", "secrets outside its namespace", namespace=OTHER_NAMESPACE),
     *_each("get list", "", "secrets", "no cluster-wide secret access"),
@@ -224,7 +230,9 @@ CONTROLLER_MUST_NOT = [
     *_each("get list", "", "configmaps", "config is mounted, not read from the API", namespace=NAMESPACE),
     *_each("list watch get", "", "events", "writes events only", namespace="default"),
     *_each("create", "", "serviceaccounts", "token", namespace=NAMESPACE, sub="token"),
-    *_each("get list", "snapshot.storage.k8s.io", "volumesnapshots", "no snapshotter yet", namespace="default"),
+    *_each("list watch update patch delete", "snapshot.storage.k8s.io", "volumesnapshots",
+           "reads a restore's VolumeSnapshot by name only", namespace="default"),
+    *_each("create delete update", "snapshot.storage.k8s.io", "volumesnapshotcontents", "the snapshot-controller owns them"),
 ]
 NODE_MUST = [
     *_each("get", "", "nodes", "topology labels of its own node"),
@@ -245,6 +253,7 @@ NODE_MUST_NOT = [
 CONTROLLER_GRANTS: dict[tuple[str, str], dict[tuple[str, str], frozenset[str]]] = {
     ("ClusterRoleBinding", ""): {
         ("", "persistentvolumeclaims"): frozenset({"get", "list", "watch", "update", "patch"}),
+        ("", "persistentvolumeclaims/status"): frozenset({"patch"}),
         ("", "persistentvolumes"): frozenset({"get", "list", "watch", "create", "delete", "patch", "update"}),
         ("storage.k8s.io", "storageclasses"): frozenset({"get", "list", "watch"}),
         ("storage.k8s.io", "volumeattachments"): frozenset({"get", "list", "watch", "patch"}),
@@ -252,6 +261,10 @@ CONTROLLER_GRANTS: dict[tuple[str, str], dict[tuple[str, str], frozenset[str]]] 
         ("", "nodes"): frozenset({"get", "list", "watch"}),
         ("storage.k8s.io", "csinodes"): frozenset({"get", "list", "watch"}),
         ("", "events"): frozenset({"create", "patch"}),
+        ("snapshot.storage.k8s.io", "volumesnapshotcontents"): frozenset({"get", "list", "watch", "patch"}),
+        ("snapshot.storage.k8s.io", "volumesnapshotcontents/status"): frozenset({"patch"}),
+        ("snapshot.storage.k8s.io", "volumesnapshotclasses"): frozenset({"get"}),
+        ("snapshot.storage.k8s.io", "volumesnapshots"): frozenset({"get"}),
     },
     ("RoleBinding", NAMESPACE): {
         ("coordination.k8s.io", "leases"): frozenset({"get", "create", "update"}),

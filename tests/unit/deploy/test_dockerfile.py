@@ -13,10 +13,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 from dockerfile_parse import DockerfileParser
+
+if TYPE_CHECKING:
+    from dockerfile_parse.parser import _InstructionDict  # the stubs' type of one parsed instruction
 
 from tests.unit.deploy import manifests as m
 
@@ -50,9 +53,9 @@ def parsed(path: Path = m.DOCKERFILE) -> DockerfileParser:
     return parser
 
 
-def stages(path: Path = m.DOCKERFILE) -> list[list[dict[str, Any]]]:
+def stages(path: Path = m.DOCKERFILE) -> list[list[_InstructionDict]]:
     """Instructions grouped per stage (comments dropped); index 0 is the first FROM's stage."""
-    result: list[list[dict[str, Any]]] = []
+    result: list[list[_InstructionDict]] = []
     for item in parsed(path).structure:
         if item["instruction"] == "FROM":
             result.append([])
@@ -61,7 +64,7 @@ def stages(path: Path = m.DOCKERFILE) -> list[list[dict[str, Any]]]:
     return result
 
 
-def instructions(stage: list[dict[str, Any]], name: str) -> list[str]:
+def instructions(stage: list[_InstructionDict], name: str) -> list[str]:
     return [str(i["value"]) for i in stage if i["instruction"] == name]
 
 
@@ -158,7 +161,7 @@ def test_rados_and_rbd_are_linked_like_setup_sh_and_checked_in_the_final_stage()
 
 # ---- packages from scripts/packages.sh ----------------------------------------------------------
 
-def package_install(stage: list[dict[str, Any]], dest: str, name: str) -> str:
+def package_install(stage: list[_InstructionDict], dest: str, name: str) -> str:
     """The stage's one apt-get install RUN, checked to install exactly `packages.sh <name>`."""
     installs = [run for run in instructions(stage, "RUN") if "apt-get install" in run]
     assert len(installs) == 1, "one apt-get install per stage"
@@ -172,7 +175,7 @@ def package_install(stage: list[dict[str, Any]], dest: str, name: str) -> str:
     return run
 
 
-def packages_sh_dest(stage: list[dict[str, Any]]) -> str:
+def packages_sh_dest(stage: list[_InstructionDict]) -> str:
     copies = [c.split() for c in instructions(stage, "COPY")]
     return next(c[-1] for c in copies if c[0] == "scripts/packages.sh")
 

@@ -43,7 +43,7 @@ def volume_for_mount(spec: dict[str, Any], container: dict[str, Any], mount_path
     mounts = {v["mountPath"].rstrip("/"): v for v in container.get("volumeMounts") or []}
     mount = mounts.get(mount_path.rstrip("/"))
     assert mount is not None, f"nothing is mounted at {mount_path}"
-    volumes = {v["name"]: v for v in spec.get("volumes") or []}
+    volumes: dict[str, dict[str, Any]] = {v["name"]: v for v in spec.get("volumes") or []}
     return volumes[mount["name"]]
 
 
@@ -171,7 +171,7 @@ def test_controller_runs_the_controller_role_with_leader_election(capsys: pytest
     _, _, container = controller()
     settings = settings_of(container, capsys)
     assert settings.mode == "controller"
-    assert set(settings.sidecars.enabled) == {"provisioner", "attacher"}
+    assert set(settings.sidecars.enabled) == {"provisioner", "attacher", "resizer", "snapshotter"}
     assert settings.sidecars.leader_election is True
     assert settings.sidecars.leader_election_namespace == m.NAMESPACE  # from $(POD_NAMESPACE)
     env = {e["name"]: e for e in container["env"]}
@@ -398,7 +398,7 @@ def test_storageclass_example_is_accepted_by_cephcsi_and_names_the_example_secre
         assert params[f"csi.storage.k8s.io/{use}-secret-name"] == secret["metadata"]["name"]
         assert params[f"csi.storage.k8s.io/{use}-secret-namespace"] == secret["metadata"]["namespace"] == m.NAMESPACE
     assert sc["reclaimPolicy"] == "Delete"
-    assert sc["allowVolumeExpansion"] is False
+    assert sc["allowVolumeExpansion"] is True
     assert sc["volumeBindingMode"] == "Immediate"
     pvc = m.find(EXAMPLES, "PersistentVolumeClaim")
     assert pvc["spec"]["storageClassName"] == sc["metadata"]["name"]

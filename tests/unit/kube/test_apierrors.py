@@ -1,4 +1,4 @@
-"""Error classification and translation into cephcsi.errors."""
+"""Error classification: predicates, and the kube errors of cephcsi.kube.errors."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,7 @@ import pytest
 import urllib3
 from kubernetes.client import ApiException
 
-from cephcsi import errors
-from cephcsi.kube import apierrors
+from cephcsi.kube import apierrors, errors
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 
@@ -34,20 +33,20 @@ def test_classification() -> None:
 
 
 @pytest.mark.parametrize(("exc", "cls"), [
-    (api_error(404), errors.NotFound),
-    (api_error(409, "Conflict"), errors.OperationInFlight),
-    (api_error(403), errors.PermissionDenied),
-    (api_error(422, "Invalid", "spec.x: Invalid value"), errors.InvalidArgument),
-    (api_error(500), errors.Unavailable),
-    (api_error(504), errors.DeadlineExceeded),
-    (urllib3.exceptions.ReadTimeoutError(None, "/", "timed out"), errors.DeadlineExceeded),  # type: ignore[arg-type]
-    (api_error(418), errors.Internal),
+    (api_error(404), errors.ApiNotFound),
+    (api_error(409, "Conflict"), errors.ApiConflict),
+    (api_error(403), errors.ApiForbidden),
+    (api_error(422, "Invalid", "spec.x: Invalid value"), errors.ApiRejected),
+    (api_error(500), errors.ApiUnavailable),
+    (api_error(504), errors.ApiTimeout),
+    (urllib3.exceptions.ReadTimeoutError(None, "/", "timed out"), errors.ApiTimeout),  # type: ignore[arg-type]
+    (api_error(418), errors.ApiFailed),
 ])
-def test_translate(exc: BaseException, cls: type) -> None:
-    translated = apierrors.translate(exc, "get PVC ns/a")
-    assert type(translated) is cls
-    assert translated.message.startswith("get PVC ns/a: ")
+def test_classify(exc: BaseException, cls: type[errors.ApiError]) -> None:
+    classified = apierrors.classify(exc, "get PVC ns/a")
+    assert type(classified) is cls
+    assert classified.message.startswith("get PVC ns/a: ")
 
 
-def test_translate_keeps_the_servers_message_for_invalid_requests() -> None:
-    assert "spec.x: Invalid value" in apierrors.translate(api_error(422, "Invalid", "spec.x: Invalid value"), "x").message
+def test_classify_keeps_the_servers_message_for_invalid_requests() -> None:
+    assert "spec.x: Invalid value" in apierrors.classify(api_error(422, "Invalid", "spec.x: Invalid value"), "x").message

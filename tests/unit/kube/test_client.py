@@ -8,8 +8,8 @@ import pytest
 import urllib3
 from kubernetes import client as k8s
 
-from cephcsi import errors
 from cephcsi.kube.client import ClientSettings, load_configuration, new_api_client
+from cephcsi.kube.errors import ClientConfigError
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 
@@ -71,5 +71,5 @@ def test_configuration_is_copied_not_mutated() -> None:
 
 
 def test_missing_kubeconfig_is_a_config_error(tmp_path: Any) -> None:
-    with pytest.raises(errors.ConfigError):
+    with pytest.raises(ClientConfigError):
         load_configuration(ClientSettings(kubeconfig=str(tmp_path / "missing")))

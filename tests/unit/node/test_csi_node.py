@@ -17,7 +17,6 @@ from cephcsi.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
-    Unimplemented,
 )
 from cephcsi.node.requests import PublishRequest, StageRequest
 from cephcsi.node.stats import VolumeStats
@@ -78,11 +77,11 @@ def servicer(tmp_path: os.PathLike[str], kubelet: str) -> tuple[NodeServicer, Fa
     return NodeServicer(fake, ClusterRegistry(config), settings), fake  # type: ignore[arg-type]
 
 
-def mount_cap(fs: str = "", mode: int = Mode.SINGLE_NODE_WRITER, flags: tuple[str, ...] = ()) -> Cap:
+def mount_cap(fs: str = "", mode: Mode.Mode = Mode.SINGLE_NODE_WRITER, flags: tuple[str, ...] = ()) -> Cap:
     return Cap(mount=Cap.MountVolume(fs_type=fs, mount_flags=list(flags)), access_mode=Mode(mode=mode))
 
 
-def block_cap(mode: int = Mode.SINGLE_NODE_WRITER) -> Cap:
+def block_cap(mode: Mode.Mode = Mode.SINGLE_NODE_WRITER) -> Cap:
     return Cap(block=Cap.BlockVolume(), access_mode=Mode(mode=mode))
 
 
@@ -134,6 +133,7 @@ def test_stage_block_and_read_only(servicer: tuple[NodeServicer, FakeService], k
         ({"volume_capability": Cap(mount=Cap.MountVolume())}, InvalidArgument, "access_mode must be set"),
         ({"volume_capability": mount_cap("btrfs")}, InvalidArgument, "filesystem 'btrfs' is not supported"),
         ({"volume_capability": mount_cap(mode=Mode.MULTI_NODE_MULTI_WRITER)}, InvalidArgument, "only for block"),
+        ({"volume_capability": mount_cap(mode=Mode.MULTI_NODE_SINGLE_WRITER)}, InvalidArgument, "only for block"),
         ({"volume_capability": mount_cap(flags=("bind",))}, InvalidArgument, "mount_flags: 'bind'"),
         ({"volume_capability": mount_cap(flags=("a b",))}, InvalidArgument, "mount_flags"),
         ({"volume_id": "fake-vol-id-1234"}, NotFound, "does not exist"),
@@ -173,8 +173,8 @@ def test_unstage(servicer: tuple[NodeServicer, FakeService], kubelet: str) -> No
 
 def test_publish(servicer: tuple[NodeServicer, FakeService], kubelet: str) -> None:
     node, fake = servicer
-    base = dict(volume_id=VOLUME_ID, staging_target_path=f"{kubelet}/st", target_path=f"{kubelet}/pods/p/mount",
-                volume_capability=mount_cap())
+    base: dict[str, Any] = dict(volume_id=VOLUME_ID, staging_target_path=f"{kubelet}/st",
+                                target_path=f"{kubelet}/pods/p/mount", volume_capability=mount_cap())
     expect(InvalidArgument, "volume_id is required", node.NodePublishVolume, csi_pb2.NodePublishVolumeRequest())
     expect(InvalidArgument, "target_path is required", node.NodePublishVolume,
            csi_pb2.NodePublishVolumeRequest(volume_id=VOLUME_ID))
@@ -209,8 +209,11 @@ def test_stats(servicer: tuple[NodeServicer, FakeService], kubelet: str) -> None
     expect(InvalidArgument, "volume_path is required", node.NodeGetVolumeStats,
            csi_pb2.NodeGetVolumeStatsRequest(volume_id=VOLUME_ID))
     # csi-sanity: an unknown id, and a known id on a path that is no volume, are NOT_FOUND.
-    expect(NotFound, "does not exist", node.NodeGetVolumeStats,
+    # ("fake-vol-id" could be a static volume's image name: the path decides.)
+    expect(NotFound, "does not exist|no volume", node.NodeGetVolumeStats,
            csi_pb2.NodeGetVolumeStatsRequest(volume_id="fake-vol-id", volume_path="some/path"))
+    expect(NotFound, "does not exist", node.NodeGetVolumeStats,
+           csi_pb2.NodeGetVolumeStatsRequest(volume_id="-not-an-image", volume_path=f"{kubelet}/t"))
     expect(NotFound, "no volume", node.NodeGetVolumeStats,
            csi_pb2.NodeGetVolumeStatsRequest(volume_id=VOLUME_ID, volume_path="some/path"))
     response = node.NodeGetVolumeStats(csi_pb2.NodeGetVolumeStatsRequest(volume_id=VOLUME_ID, volume_path=f"{kubelet}/t"), None)
@@ -228,13 +231,13 @@ def test_capabilities_info_expand(servicer: tuple[NodeServicer, FakeService]) ->
     node, fake = servicer
     caps = node.NodeGetCapabilities(csi_pb2.NodeGetCapabilitiesRequest(), None)
     assert [c.rpc.type for c in caps.capabilities] == list(NODE_CAPABILITIES)
-    assert csi_pb2.NodeServiceCapability.RPC.EXPAND_VOLUME not in NODE_CAPABILITIES
+    assert csi_pb2.NodeServiceCapability.RPC.EXPAND_VOLUME in NODE_CAPABILITIES
     info = node.NodeGetInfo(csi_pb2.NodeGetInfoRequest(), None)
     assert (info.node_id, info.max_volumes_per_node, info.HasField("accessible_topology")) == ("node-1", 7, False)
     fake.segments = {"topology.rbd.csi.ceph.com/zone": "z1"}
     info = node.NodeGetInfo(csi_pb2.NodeGetInfoRequest(), None)
     assert dict(info.accessible_topology.segments) == fake.segments
-    expect(Unimplemented, "not supported", node.NodeExpandVolume, csi_pb2.NodeExpandVolumeRequest())
+    expect(InvalidArgument, "volume_id is required", node.NodeExpandVolume, csi_pb2.NodeExpandVolumeRequest())
 
 
 def test_service_errors_pass_through(servicer: tuple[NodeServicer, FakeService], kubelet: str) -> None:
@@ -246,3 +249,64 @@ def test_service_errors_pass_through(servicer: tuple[NodeServicer, FakeService],
     fake.publish = refuse  # type: ignore[method-assign]
     expect(FailedPrecondition, "not staged", node.NodePublishVolume, csi_pb2.NodePublishVolumeRequest(
         volume_id=VOLUME_ID, staging_target_path=f"{kubelet}/st", target_path=f"{kubelet}/t", volume_capability=mount_cap()))
+
+
+# -- static (pre-provisioned) volumes: ceph-csi's volumeHandle = bare image name -------------------
+
+STATIC_CONTEXT = {"staticVolume": "true", "clusterID": "ceph", "pool": "rbd", "imageFeatures": "layering"}
+
+
+def test_static_volume_stage_maps_the_named_image(servicer: tuple[NodeServicer, FakeService], kubelet: str) -> None:
+    node, fake = servicer
+    node.NodeStageVolume(csi_pb2.NodeStageVolumeRequest(
+        volume_id="static-image", staging_target_path=f"{kubelet}/st", volume_capability=mount_cap(),
+        secrets=SECRETS, volume_context={**STATIC_CONTEXT, "mounter": "rbd-nbd"}), None)
+    kind, request = fake.calls[-1]
+    assert kind == "stage" and request.volume_id == "static-image"
+    assert (request.image.pool, request.image.image, request.image.namespace) == ("rbd", "static-image", "tenant")
+    assert request.cluster_id == "ceph" and request.mounter == "rbd-nbd"
+    node.NodeStageVolume(csi_pb2.NodeStageVolumeRequest(
+        volume_id="static-image", staging_target_path=f"{kubelet}/st2", volume_capability=mount_cap(),
+        secrets=SECRETS, volume_context={**STATIC_CONTEXT, "staticVolume": "True", "radosNamespace": ""}), None)
+    assert fake.calls[-1][1].image.namespace == ""
+
+
+@pytest.mark.parametrize("context, volume_id, error, text", [
+    ({**STATIC_CONTEXT, "staticVolume": "yes"}, "img", InvalidArgument, "staticVolume='yes' is not a boolean"),
+    ({k: v for k, v in STATIC_CONTEXT.items() if k != "pool"}, "img", InvalidArgument, "volumeAttributes.pool is required"),
+    ({k: v for k, v in STATIC_CONTEXT.items() if k != "clusterID"}, "img", InvalidArgument, "clusterID is required"),
+    ({**STATIC_CONTEXT, "imageFeatures": "layering,bogus"}, "img", InvalidArgument, "unknown feature"),
+    (STATIC_CONTEXT, "img@snap", InvalidArgument, "bare RBD image name"),
+    (STATIC_CONTEXT, "-img", InvalidArgument, "bare RBD image name"),
+    ({**STATIC_CONTEXT, "clusterID": "other"}, "img", NotFound, "clusterID 'other' is not in"),
+    ({"clusterID": "ceph", "pool": "rbd"}, "img", NotFound, 'set volumeAttributes staticVolume: "true"'),
+])
+def test_static_volume_stage_refusals(servicer: tuple[NodeServicer, FakeService], kubelet: str,
+                                      context: dict[str, str], volume_id: str, error: type[CephCSIError], text: str) -> None:
+    node, fake = servicer
+    expect(error, text, node.NodeStageVolume, csi_pb2.NodeStageVolumeRequest(
+        volume_id=volume_id, staging_target_path=f"{kubelet}/st", volume_capability=mount_cap(),
+        secrets=SECRETS, volume_context=context))
+    assert fake.calls == []
+
+
+def test_static_volume_publish_and_stats(servicer: tuple[NodeServicer, FakeService], kubelet: str) -> None:
+    node, fake = servicer
+    node.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(
+        volume_id="static-image", staging_target_path=f"{kubelet}/st", target_path=f"{kubelet}/pods/t",
+        volume_capability=mount_cap(), volume_context=STATIC_CONTEXT), None)
+    assert fake.calls[-1][0] == "publish" and fake.calls[-1][1].volume_id == "static-image"
+    # Without staticVolume the bare name is no id of ours.
+    expect(NotFound, "does not exist", node.NodePublishVolume, csi_pb2.NodePublishVolumeRequest(
+        volume_id="static-image", staging_target_path=f"{kubelet}/st", target_path=f"{kubelet}/pods/t",
+        volume_capability=mount_cap(), volume_context={"pool": "rbd"}))
+    # Stats carry no context: a bare name is only a volume where a stage of it is found.
+    expect(NotFound, "no stage of it found", node.NodeGetVolumeStats,
+           csi_pb2.NodeGetVolumeStatsRequest(volume_id="static-image", volume_path=f"{kubelet}/pods/t"))
+
+
+def test_read_only_many_filesystem_is_accepted(servicer: tuple[NodeServicer, FakeService], kubelet: str) -> None:
+    node, fake = servicer
+    node.NodeStageVolume(stage_request(kubelet, volume_capability=mount_cap(mode=Mode.MULTI_NODE_READER_ONLY)), None)
+    request = fake.calls[-1][1]
+    assert request.access.read_only and not request.access.block

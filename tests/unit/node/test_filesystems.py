@@ -178,4 +178,6 @@ def test_probe_reports_the_uuid(device: str) -> None:
 
 def test_mount_options() -> None:
     assert mount_options("ext4", [], False) == ["_netdev"]
-    assert mount_options("xfs", ["noatime", "_netdev"], True) == ["_netdev", "nouuid", "noatime", "ro"]
+    # Read-only mounts never replay a journal (ReadOnlyMany: many nodes read one image).
+    assert mount_options("xfs", ["noatime", "_netdev"], True) == ["_netdev", "nouuid", "noatime", "ro", "norecovery"]
+    assert mount_options("ext4", [], True) == ["_netdev", "ro", "noload"]

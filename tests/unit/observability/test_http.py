@@ -22,7 +22,7 @@ def _get(port: int, path: str) -> tuple[int, str]:
 
 def test_health_readiness_and_metrics() -> None:
     health = HealthRegistry()
-    state = {"leader": None}
+    state: dict[str, str | None] = {"leader": None}
     health.add_liveness("leader-election", lambda: state["leader"])
     health.add_readiness("caches", lambda: "informers not synced")
     server = HealthServer("127.0.0.1:0", health)

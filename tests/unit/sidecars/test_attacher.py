@@ -6,6 +6,7 @@ import pytest
 from cephcsi._generated import csi_pb2
 from cephcsi.errors import Unimplemented
 from cephcsi.sidecars.attacher.strategy import TrivialAttach, choose
+from cephcsi.sidecars.objects import KubeObject
 from tests.unit.sidecars.fixtures import FakeApi
 
 pytestmark = pytest.mark.unit
@@ -17,8 +18,8 @@ def cap(kind: csi_pb2.ControllerServiceCapability.RPC.Type) -> csi_pb2.Controlle
     return csi_pb2.ControllerServiceCapability(rpc=_RPC(type=kind))
 
 
-def va(attached: bool = False, deleting: bool = False) -> dict:
-    meta: dict = {"name": "csi-abc"}
+def va(attached: bool = False, deleting: bool = False) -> KubeObject:
+    meta: KubeObject = {"name": "csi-abc"}
     if deleting:
         meta["deletionTimestamp"] = "2030-01-01T00:00:00Z"
     return {"metadata": meta, "spec": {"attacher": "rbd.csi.ceph.com", "nodeName": "n1",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from cephcsi.sidecars.objects import KubeObject
 from cephcsi.sidecars.provisioner.claims import Action, decide, is_candidate, storage_class_name
 from tests.unit.sidecars.fixtures import DRIVER, FINALIZER, claim, storage_class
 
@@ -11,7 +12,7 @@ pytestmark = pytest.mark.unit
 WFFC = storage_class(volumeBindingMode="WaitForFirstConsumer")
 
 
-def action(c: dict, sc: dict | None = storage_class(), pv_exists: bool = False) -> Action:
+def action(c: KubeObject, sc: KubeObject | None = storage_class(), pv_exists: bool = False) -> Action:
     return decide(c, sc, pv_exists, DRIVER).action
 
 
@@ -62,7 +63,7 @@ def test_class_of_another_provisioner_is_skipped() -> None:
     ({"selector": {"matchLabels": {"a": "b"}}}, "Selector"),
     ({"dataSource": {"kind": "VolumeSnapshot", "name": "s"}}, "VolumeSnapshot"),
 ])
-def test_unsupported_claims_fail_clearly(spec: dict, needle: str) -> None:
+def test_unsupported_claims_fail_clearly(spec: KubeObject, needle: str) -> None:
     decision = decide(claim(**spec), storage_class(), False, DRIVER)
     assert decision.action is Action.FAIL and needle in decision.reason
 

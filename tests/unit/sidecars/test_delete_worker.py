@@ -6,6 +6,7 @@ import threading
 import pytest
 
 from cephcsi import errors
+from cephcsi.sidecars.objects import KubeObject
 from cephcsi.sidecars.provisioner.delete import ATTACHED_PV_INDEX, VolumeWorker, attachment_pv_index
 from tests.unit.sidecars.fixtures import DRIVER, FAKE_KEY, FakeApi, FakeInformer, claim, context
 
@@ -15,13 +16,13 @@ PV_FINALIZER = "external-provisioner.volume.kubernetes.io/finalizer"
 
 
 def pv(name: str = "pvc-u1", *, phase: str = "Released", policy: str = "Delete", finalizers: tuple[str, ...] = (PV_FINALIZER,),
-       annotations: dict[str, str] | None = None, deleting: bool = False, driver: str = DRIVER) -> dict:
+       annotations: dict[str, str] | None = None, deleting: bool = False, driver: str = DRIVER) -> KubeObject:
     ann = {"pv.kubernetes.io/provisioned-by": driver,
            "volume.kubernetes.io/provisioner-deletion-secret-name": "ceph",
            "volume.kubernetes.io/provisioner-deletion-secret-namespace": "sys"}
     if annotations is not None:
         ann = annotations
-    meta: dict = {"name": name, "annotations": ann, "finalizers": list(finalizers)}
+    meta: KubeObject = {"name": name, "annotations": ann, "finalizers": list(finalizers)}
     if deleting:
         meta["deletionTimestamp"] = "2030-01-01T00:00:00Z"
     return {"metadata": meta, "status": {"phase": phase}, "spec": {
@@ -30,7 +31,7 @@ def pv(name: str = "pvc-u1", *, phase: str = "Released", policy: str = "Delete",
         "csi": {"driver": driver, "volumeHandle": "vol-1"}}}
 
 
-def run(volume: dict, *, attachments: FakeInformer | None = None, claims: FakeInformer | None = None,
+def run(volume: KubeObject, *, attachments: FakeInformer | None = None, claims: FakeInformer | None = None,
         api: FakeApi | None = None) -> tuple[FakeApi, list[str], list[str]]:
     api = api or FakeApi(secrets={("sys", "ceph"): {"userID": "u", "userKey": FAKE_KEY}}, pvs={"pvc-u1": volume})
     ctx = context(volumes=FakeInformer(volume), attachments=attachments, claims=claims, api=api)

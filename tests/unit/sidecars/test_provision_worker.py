@@ -6,6 +6,7 @@ import threading
 import pytest
 
 from cephcsi import errors
+from cephcsi.sidecars.objects import KubeObject
 from cephcsi.sidecars.provisioner.provision import ClaimWorker
 from tests.unit.sidecars.fixtures import FAKE_KEY, FINALIZER, FakeApi, FakeController, FakeEvents, FakeInformer, claim, context, storage_class
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.unit
 SECRETS = {("sys", "ceph"): {"userID": "u", "userKey": FAKE_KEY}}
 
 
-def worker(*claims: dict, **kw: object) -> tuple[ClaimWorker, FakeApi, FakeController, FakeEvents]:
+def worker(*claims: KubeObject, **kw: object) -> tuple[ClaimWorker, FakeApi, FakeController, FakeEvents]:
     ctx = context(claims=FakeInformer(*claims), **kw)  # type: ignore[arg-type]
     return ClaimWorker(ctx, threading.Event()), ctx.api, ctx.controller, ctx.events  # type: ignore[return-value]
 

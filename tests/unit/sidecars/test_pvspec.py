@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from cephcsi._generated import csi_pb2
+from cephcsi.sidecars.objects import KubeObject
 from cephcsi.sidecars.provisioner.pvspec import ClassSecrets, PVOptions, build
 from cephcsi.sidecars.provisioner.request import RequestOptions, plan
 from tests.unit.sidecars.fixtures import DRIVER, claim, storage_class
@@ -21,7 +22,7 @@ VOLUME = csi_pb2.Volume(volume_id="0001-0002-c1-0000000000000001-abc", capacity_
                         volume_context={"clusterID": "c1", "pool": "rbd", "imageName": "csi-vol-abc"})
 
 
-def make(c: dict, sc: dict, volume: csi_pb2.Volume = VOLUME, topology: bool = False) -> dict:
+def make(c: KubeObject, sc: KubeObject, volume: csi_pb2.Volume = VOLUME, topology: bool = False) -> KubeObject:
     planned = plan(c, sc, RequestOptions(DRIVER))
     secrets = ClassSecrets.resolve(planned.class_parameters, planned.name, c)
     return build(c, sc, planned, volume, secrets, PVOptions(DRIVER, "1-2-" + DRIVER, topology))

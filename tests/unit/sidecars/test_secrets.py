@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from cephcsi.errors import InvalidArgument
+from cephcsi.sidecars.objects import KubeObject
 from cephcsi.sidecars.provisioner.secrets import PROVISIONER, SecretRef, resolve_template, secret_ref
 from tests.unit.sidecars.fixtures import claim
 
@@ -13,7 +14,7 @@ NAME = "csi.storage.k8s.io/provisioner-secret-name"
 NAMESPACE = "csi.storage.k8s.io/provisioner-secret-namespace"
 
 
-def ref(name: str, namespace: str, c: dict | None = None) -> SecretRef | None:
+def ref(name: str, namespace: str, c: KubeObject | None = None) -> SecretRef | None:
     return secret_ref(PROVISIONER, {NAME: name, NAMESPACE: namespace}, "pvc-1", c or claim("data", "team-a"))
 
 

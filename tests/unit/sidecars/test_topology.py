@@ -4,17 +4,18 @@ from __future__ import annotations
 import pytest
 
 from cephcsi.errors import FailedPrecondition
+from cephcsi.sidecars.objects import KubeObject
 from cephcsi.sidecars.provisioner.topology import allowed_segments, requirement
 from tests.unit.sidecars.fixtures import DRIVER, storage_class
 
 pytestmark = pytest.mark.unit
 
 
-def node(name: str, **labels: str) -> dict:
+def node(name: str, **labels: str) -> KubeObject:
     return {"metadata": {"name": name, "labels": labels}}
 
 
-def csinode(*keys: str) -> dict:
+def csinode(*keys: str) -> KubeObject:
     return {"spec": {"drivers": [{"name": "other", "topologyKeys": ["x"]}, {"name": DRIVER, "topologyKeys": list(keys)}]}}
 
 

@@ -1,0 +1,44 @@
+"""RBD image metadata (`rbd image-meta`): read all of it, or make some keys hold given values.
+
+Used for the Kubernetes owner keys ceph-csi stores on the images it creates (see
+cephcsi.volumes.metadata), so Ceph-side tools can tell which claim an image belongs to.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import rados
+import rbd
+
+from cephcsi.ceph.errors import ceph_call
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+
+def read(io: rados.Ioctx, name: str) -> dict[str, str]:
+    """Every metadata key of the image (a read-only open: no watch, nothing blocks a delete).
+    An image that does not exist has none."""
+    with ceph_call("read image metadata", f"image {name!r}"):
+        try:
+            with rbd.Image(io, name, read_only=True) as image:
+                # metadata_list exists in librbd's binding (since Mimic); the stubs lack it.
+                return {str(k): str(v) for k, v in image.metadata_list()}  # type: ignore[attr-defined]
+        except rbd.ImageNotFound:
+            return {}
+
+
+def ensure(io: rados.Ioctx, name: str, wanted: Mapping[str, str]) -> None:
+    """Make each key of `wanted` hold its value; other keys are left alone. Idempotent: keys
+    that already hold the value are not written (a retried CreateVolume writes nothing)."""
+    if not wanted:
+        return
+    missing = {k: v for k, v in wanted.items() if read(io, name).get(k) != v}
+    if not missing:
+        return
+    with ceph_call("set image metadata", f"image {name!r}"):
+        with rbd.Image(io, name) as image:
+            for key, value in missing.items():
+                image.metadata_set(key, value)
+    log.info("image metadata set", extra=fields(image=name, keys=sorted(missing)))

@@ -1,0 +1,241 @@
+"""RBD layering for snapshots and clones: snapshots, clone v2 children, parent chains, flattens.
+
+Facts this relies on (measured on Ceph 16.2, see docs/snapshots.md):
+
+- Clone format 2 needs no protected snapshot, and removing a snapshot that still has children
+  moves it to the *trash snapshot namespace*; librbd removes it when its last child goes.
+- `RBD.remove` of an image whose snapshots still have v2 children (with
+  `rbd_move_parent_to_trash_on_remove`) moves it to the RBD trash with source USER_PARENT,
+  and librbd purges it when its last child is removed: a deleted parent costs nothing
+  while clones or snapshot images still read through it, and leaves nothing behind after.
+- A clone killed *inside* librbd can leave an image without a parent link, or a child whose
+  link the parent's snapshot does not list: `clone_complete` tells a finished clone from
+  such debris, which is removed (it holds no data of its own) and cloned again.
+- Flattening an image does not detach its own snapshots from the parent unless the image has
+  `deep-flatten`; snapshot images get it so a background flatten releases the source.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import rados
+import rbd
+
+from cephcsi.ceph.connection import Session
+from cephcsi.ceph.errors import ceph_call
+from cephcsi.errors import CephCSIError, NotFound
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+TRASH_NAMESPACE = 2
+"""rbd_snap_namespace_type_t RBD_SNAP_NAMESPACE_TYPE_TRASH."""
+TEMP_SNAP_PREFIX = "cephcsi-tmp-"
+"""User-namespace snapshots the driver makes on a source only for the length of one clone."""
+MAX_DEPTH_WALK = 64
+
+
+@dataclass(frozen=True)
+class SnapInfo:
+    snap_id: int
+    name: str
+    size: int
+    namespace: int
+
+
+@dataclass(frozen=True)
+class ParentLink:
+    pool: str
+    namespace: str
+    image_id: str
+    snap_name: str
+    """In the trash namespace (parent snapshot removed) librbd reports its uuid name."""
+
+
+def list_snaps(image: rbd.Image) -> list[SnapInfo]:
+    return [SnapInfo(int(s["id"]), str(s["name"]), int(s["size"]), int(s.get("namespace", 0)))
+            for s in image.list_snaps()]
+
+
+def user_snap(image: rbd.Image, name: str) -> SnapInfo | None:
+    for snap in list_snaps(image):
+        if snap.namespace == 0 and snap.name == name:
+            return snap
+    return None
+
+
+def ensure_snap(image: rbd.Image, name: str) -> SnapInfo:
+    """The user-namespace snapshot `name`, created if absent (a retry after a crash finds it)."""
+    found = user_snap(image, name)
+    if found is not None:
+        return found
+    try:
+        image.create_snap(name)
+    except rbd.ImageExists:
+        pass
+    created = user_snap(image, name)
+    if created is None:
+        raise CephCSIError(f"snapshot {name!r} vanished right after it was created; retry")
+    return created
+
+
+def remove_snap(image: rbd.Image, name: str) -> None:
+    """Remove a user-namespace snapshot; with clone v2 children it moves to the trash
+    namespace (the children keep reading it). Already gone counts as removed."""
+    try:
+        image.remove_snap(name)
+    except rbd.ImageNotFound:
+        pass
+
+
+def snap_timestamp(image: rbd.Image, snap_id: int) -> float:
+    return float(image.get_snap_timestamp(snap_id).timestamp())
+
+
+def parent_link(image: rbd.Image) -> ParentLink | None:
+    """Where the image's head reads through to, or None for a flat image."""
+    try:
+        spec = image.get_parent_image_spec()
+        parent_id = image.parent_id()
+    except rbd.ImageNotFound:
+        return None
+    return ParentLink(str(spec["pool_name"]), str(spec.get("pool_namespace", "")), str(parent_id),
+                      str(spec.get("snap_name", "")))
+
+
+def open_by_id(io: rados.Ioctx, image_id: str) -> rbd.Image:
+    """Read-only open by id: also works for an image in the trash (a deleted parent)."""
+    return rbd.Image(io, image_id=image_id, read_only=True)
+
+
+def children_of(image: rbd.Image) -> list[dict[str, object]]:
+    """v2 children of every snapshot of the image (trash namespace included)."""
+    found: list[dict[str, object]] = []
+    for snap in list_snaps(image):
+        try:
+            image.set_snap_by_id(snap.snap_id)
+            found.extend(dict(c) for c in image.list_children2())
+        finally:
+            image.set_snap_by_id(None)
+    return found
+
+
+def depth(session: Session, image: rbd.Image) -> int:
+    """Number of images between this one and flat storage (its clone-chain depth)."""
+    count = 0
+    link = parent_link(image)
+    while link is not None:
+        count += 1
+        if count >= MAX_DEPTH_WALK:
+            return count
+        with session.ioctx(link.pool, link.namespace) as parent_io, open_by_id(parent_io, link.image_id) as parent:
+            link = parent_link(parent)
+    return count
+
+
+def clone_complete(io: rados.Ioctx, name: str, parent_id: str | None, parent_io: rados.Ioctx) -> bool | None:
+    """None: no image `name`. True: a finished clone (of `parent_id`, when given) whose link
+    the parent's snapshot lists (so removing that snapshot keeps it in the trash namespace).
+    False: debris of a clone killed inside librbd (no parent link, or one the parent does not
+    list). `parent_io` is the parent's pool."""
+    try:
+        with rbd.Image(io, name, read_only=True) as child:
+            child_id = str(child.id())
+            link = parent_link(child)
+    except rbd.ImageNotFound:
+        return None
+    if link is None or (parent_id is not None and link.image_id != parent_id):
+        return False
+    with open_by_id(parent_io, link.image_id) as parent:
+        for snap in list_snaps(parent):
+            if snap.name != link.snap_name:
+                continue
+            parent.set_snap_by_id(snap.snap_id)
+            try:
+                listed = {str(c.get("id")) for c in parent.list_children2()}
+            finally:
+                parent.set_snap_by_id(None)
+            return child_id in listed
+    return False
+
+
+def finished_clone(session: Session, io: rados.Ioctx, name: str) -> bool:
+    """`name` exists and is a finished clone of whatever parent it links to."""
+    with ceph_call("inspect clone", f"image {name!r}"):
+        try:
+            with rbd.Image(io, name, read_only=True) as child:
+                link = parent_link(child)
+        except rbd.ImageNotFound:
+            return False
+        if link is None:
+            return False
+        with session.ioctx(link.pool, link.namespace) as parent_io:
+            return bool(clone_complete(io, name, link.image_id, parent_io))
+
+
+def clone(parent_io: rados.Ioctx, parent_name: str, snap_name: str, io: rados.Ioctx, name: str,
+          features: int, data_pool: str | None) -> None:
+    """Clone parent@snap to `name` (format 2: set on the connection). An existing finished clone
+    is kept; debris of a killed clone is removed first (it holds no data of its own)."""
+    parent_id = _image_id(parent_io, parent_name)
+    state = clone_complete(io, name, parent_id, parent_io)
+    if state:
+        return
+    if state is False:
+        log.warning("removing an interrupted clone", extra=fields(image=name))
+        remove_debris(io, name)
+    with ceph_call("clone image", f"image {name!r} from {parent_name}@{snap_name}"):
+        try:
+            rbd.RBD().clone(parent_io, parent_name, snap_name, io, name, features=features,
+                            data_pool=data_pool or None)
+        except rbd.ImageExists:
+            # A clone killed before it wrote the header leaves a name that cannot be opened.
+            log.warning("removing a partially created clone", extra=fields(image=name))
+            remove_debris(io, name)
+            rbd.RBD().clone(parent_io, parent_name, snap_name, io, name, features=features,
+                            data_pool=data_pool or None)
+
+
+def remove_debris(io: rados.Ioctx, name: str) -> None:
+    """Remove an image known to hold no data of its own (an interrupted create or clone).
+    A header-less image cannot be opened, so its snapshots (none) are skipped, not an error."""
+    with ceph_call("remove interrupted image", f"image {name!r}"):
+        try:
+            with rbd.Image(io, name) as image:
+                for snap in list_snaps(image):
+                    if snap.namespace == 0:
+                        image.remove_snap(snap.name)
+        except rbd.ImageNotFound:
+            pass
+        try:
+            rbd.RBD().remove(io, name)
+        except rbd.ImageNotFound:
+            pass
+
+
+def _image_id(io: rados.Ioctx, name: str) -> str:
+    with ceph_call("open image", f"image {name!r}"):
+        try:
+            with rbd.Image(io, name, read_only=True) as image:
+                return str(image.id())
+        except rbd.ImageNotFound:
+            raise NotFound(f"image {name!r} does not exist") from None
+
+
+def queue_flatten(session: Session, pool: str, namespace: str, name: str) -> bool:
+    """Ask the mgr to flatten the image in the background (it de-duplicates repeated asks and
+    retries failures). False when the mgr refused; the caller's request never waits for it."""
+    spec = "/".join(part for part in (pool, namespace, name) if part)
+    command = json.dumps({"prefix": "rbd task add flatten", "image_spec": spec})
+    try:
+        ret, status = session.mgr_command(command)
+    except CephCSIError as error:
+        ret, status = -1, error.message
+    if ret != 0:
+        log.warning("mgr did not take the flatten; the policy retries on the next request",
+                    extra=fields(image=spec, reason=status))
+        return False
+    log.info("flatten queued with the mgr", extra=fields(image=spec))
+    return True

@@ -1,0 +1,147 @@
+"""Volumes that ceph-csi's node plugin staged, found on a node after the switch to cephcsi.
+
+The kubelet keeps staging and publish paths across a plugin switch, so cephcsi must serve
+volumes it never staged. ceph-csi's layout (internal/rbd/nodeserver.go, rbd_util.go):
+
+    <staging>/image-meta.json   its stash: {"Version", "pool", "radosNamespace", "image",
+                                "unmapOptions", "accessType" (true: rbd-nbd), "encrypted",
+                                "device", "logDir", "logFileStrategy"}
+    <staging>/<volume id>       the filesystem mounted there (a directory), or for Block the
+                                device bind-mounted onto a file of that name
+
+Here such a stage is:
+- unstaged as ceph-csi unstages it: unmount `<staging>/<volume id>` (refused while a publish
+  still uses it), remove it, unmap the stash's image with the mapper the stash names (krbd, or
+  rbd-nbd when `accessType` is true), remove the stash. LUKS-encrypted volumes are refused:
+  cephcsi does not implement encryption, and closing the dm-crypt device is ceph-csi's job;
+- published from, binding `<staging>/<volume id>` (a new pod on a node where ceph-csi staged
+  the volume: the kubelet publishes without staging again);
+- taken as staged by NodeStageVolume (a kubelet restart re-stages what it finds), so the same
+  filesystem is never mounted a second time next to it.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from cephcsi.errors import FailedPrecondition, Internal
+from cephcsi.node import mounts
+from cephcsi.node.mappers import options as map_options
+from cephcsi.node.mappers.base import KRBD, NBD, Mapper
+from cephcsi.node.stage_record import ACCESS_MOUNT, StageRecord
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+STASH_NAME = "image-meta.json"
+
+
+@dataclass(frozen=True)
+class CephCsiStash:
+    pool: str
+    image: str
+    namespace: str = ""
+    unmap_options: str = ""
+    nbd: bool = False
+    encrypted: bool = False
+
+
+def mount_path(staging_path: str, volume_id: str) -> str:
+    return os.path.join(staging_path, volume_id)
+
+
+def load_stash(staging_path: str) -> CephCsiStash | None:
+    path = os.path.join(staging_path, STASH_NAME)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError) as error:
+        raise Internal(f"ceph-csi's stage stash {path} is unreadable ({error}); inspect the staging path by hand") from None
+    if not isinstance(doc, dict) or not doc.get("pool") or not doc.get("image"):
+        raise Internal(f"ceph-csi's stage stash {path} names no pool and image; inspect the staging path by hand")
+    return CephCsiStash(
+        pool=str(doc["pool"]), image=str(doc["image"]), namespace=str(doc.get("radosNamespace") or ""),
+        unmap_options=str(doc.get("unmapOptions") or ""), nbd=doc.get("accessType") is True,
+        encrypted=doc.get("encrypted") is True,
+    )
+
+
+def present(staging_path: str, volume_id: str) -> bool:
+    """ceph-csi left a stage of this volume here (its stash, or its mount point)."""
+    return os.path.lexists(os.path.join(staging_path, STASH_NAME)) or os.path.lexists(mount_path(staging_path, volume_id))
+
+
+def staged_mount(staging_path: str, volume_id: str, table: list[mounts.MountEntry]) -> mounts.MountEntry | None:
+    """The mount ceph-csi made at `<staging>/<volume id>`, if it is there."""
+    return mounts.top_mount(mount_path(staging_path, volume_id), table)
+
+
+class LegacyUnstager:
+    def __init__(self, mappers: Mapping[str, Mapper], mounter: mounts.Mounter, kubelet_dir: str,
+                 read_mounts: Callable[[], list[mounts.MountEntry]] = mounts.read_mounts) -> None:
+        self.mappers = mappers
+        self.mounter = mounter
+        self.kubelet_dir = kubelet_dir
+        self.read_mounts = read_mounts
+
+    def unstage(self, volume_id: str, staging_path: str) -> None:
+        stash = load_stash(staging_path)
+        if stash is not None and stash.encrypted:
+            raise FailedPrecondition(
+                f"volume {volume_id} was staged by ceph-csi with LUKS encryption, which cephcsi does not implement; "
+                "unstage it with ceph-csi's node plugin (or close its dm-crypt device and unmap it by hand)"
+            )
+        target = mount_path(staging_path, volume_id)
+        table = self.read_mounts()
+        entry = mounts.top_mount(target, table)
+        if entry is not None:
+            published = self._publications(entry, table, staging_path)
+            if published:
+                raise FailedPrecondition(
+                    f"volume {volume_id} is still published at {', '.join(published)}; unpublish it there before unstaging"
+                )
+            self.mounter.unmount(target)
+        _remove_mount_point(target)
+        if stash is not None:
+            self._unmap(volume_id, staging_path, stash)
+            os.unlink(os.path.join(staging_path, STASH_NAME))
+        log.info("unstaged a volume staged by ceph-csi", extra=fields(volume_id=volume_id, path=staging_path))
+
+    def _unmap(self, volume_id: str, staging_path: str, stash: CephCsiStash) -> None:
+        mapper_name = NBD if stash.nbd else KRBD
+        record = StageRecord(
+            volume_id=volume_id, staging_path=staging_path, cluster_id="", pool=stash.pool, image=stash.image,
+            namespace=stash.namespace, mapper=mapper_name, access_type=ACCESS_MOUNT,
+            unmap_options=map_options.parse(stash.unmap_options, mapper_name, "unmapOptions"),
+        )
+        self.mappers[mapper_name].unmap(record)  # finds the device by image; nothing mapped is fine
+
+    def _publications(self, anchor: mounts.MountEntry, table: list[mounts.MountEntry], staging_path: str) -> list[str]:
+        others = mounts.mounts_sharing(anchor, table)
+        if self.kubelet_dir:
+            root = os.path.realpath(self.kubelet_dir).rstrip("/") + "/"
+            others = [e for e in others if e.mount_point.startswith(root)]
+        staging_root = os.path.realpath(staging_path).rstrip("/") + "/"
+        return [e.mount_point for e in others if not e.mount_point.startswith(staging_root)]
+
+
+def _remove_mount_point(path: str) -> None:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.rmdir(path)
+        elif os.path.isfile(path) and os.path.getsize(path) == 0:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        if error.errno == errno.ENOTEMPTY:
+            raise FailedPrecondition(
+                f"{path} is not a mount point but is not empty; move its files away and retry"
+            ) from None
+        raise Internal(f"cannot remove {path}: {error.strerror}") from None

@@ -1,0 +1,57 @@
+"""The two writes the resizer makes: the claim's status (subresource) and the PV's capacity.
+
+Both are JSON merge patches (RFC 7386) sent through the shared, rate-limited ApiClient: maps
+merge key by key (so only `storage` entries change), lists are replaced whole (the resize
+conditions are computed by status.merge_conditions) and null deletes a key. The status patch
+that starts a resize carries the claim's resourceVersion, so it applies only to the claim the
+decision was made from (a 409 means our cache was behind: the work item is retried), as
+external-resizer's patches with a resourceVersion check do.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes import client as k8s
+
+from cephcsi.errors import CephCSIError
+from cephcsi.sidecars import kubeerrors, objects
+from cephcsi.sidecars.objects import KubeObject
+from cephcsi.sidecars.provisioner.request import format_bytes
+
+_MERGE_PATCH = "application/merge-patch+json"
+
+
+class ResizerApi:
+    def __init__(self, api_client: k8s.ApiClient) -> None:
+        self._client = api_client
+
+    def patch_claim_status(self, claim: KubeObject, status: dict[str, Any], check_version: bool) -> KubeObject:
+        """The claim as the API server has it after the patch."""
+        body: dict[str, Any] = {"status": status}
+        if check_version:
+            body["metadata"] = {"resourceVersion": str(objects.meta(claim).get("resourceVersion") or "")}
+        namespace, name = objects.namespace(claim), objects.name(claim)
+        return self._patch(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}/status", body,
+                           f'update status of PersistentVolumeClaim "{namespace}/{name}"')
+
+    def grow_pv_capacity(self, pv: KubeObject, size: int) -> KubeObject:
+        name = objects.name(pv)
+        body = {"spec": {"capacity": {"storage": format_bytes(size)}}}
+        return self._patch(f"/api/v1/persistentvolumes/{name}", body, f'update capacity of PersistentVolume "{name}"')
+
+    def _patch(self, path: str, body: dict[str, Any], what: str) -> KubeObject:
+        try:
+            response = self._client.call_api(
+                path, "PATCH", header_params={"Content-Type": _MERGE_PATCH, "Accept": "application/json"},
+                body=body, auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+            )
+        except CephCSIError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every client failure is translated
+            raise kubeerrors.translate(exc, what) from exc
+        try:
+            data = response.data
+        finally:
+            response.release_conn()
+        return json.loads(data) if data else {}

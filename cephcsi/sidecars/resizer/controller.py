@@ -1,0 +1,64 @@
+"""The resizer's leader-only loop: claim events → one rate-limited work queue (key
+"namespace/name") → ResizeWorker.
+
+Like the attacher's loop, one `start` → `stop` is one leadership term: handlers are added at
+start (the informer replays every cached claim, so a new leader re-examines every claim and
+finishes resizes its predecessor left half done, from what their status records) and removed
+at stop; the queue is dropped. Handlers re-deliver every claim each `resync` seconds, which is
+also how a claim left waiting (e.g. after an infeasible size) is looked at again.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from cephcsi.kube.informer import EventHandler, HandlerRegistration
+from cephcsi.kube.ratelimit import ItemBackoffSettings, ItemExponentialBackoff
+from cephcsi.kube.workqueue import WorkQueue, Workers
+from cephcsi.observability.logging import fields
+from cephcsi.sidecars import kubeerrors, objects
+from cephcsi.sidecars.objects import KubeObject
+from cephcsi.sidecars.resizer import status
+from cephcsi.sidecars.resizer.worker import FinalErrors, ResizeWorker, ResizerContext
+
+log = logging.getLogger(__name__)
+
+
+class ResizerLoop:
+    def __init__(self, ctx: ResizerContext, *, workers: int, backoff: ItemBackoffSettings,
+                 resync: float = 600.0) -> None:
+        self.ctx = ctx
+        self.workers = workers
+        self.backoff = backoff
+        self.resync = resync
+        self.final_errors = FinalErrors()
+        self._lock = threading.Lock()
+        self._pool: Workers[str] | None = None
+        self._registration: HandlerRegistration | None = None
+
+    def start(self, stop: threading.Event) -> None:
+        work_queue: WorkQueue[str] = WorkQueue("resizer", rate_limiter=ItemExponentialBackoff(self.backoff))
+        worker = ResizeWorker(self.ctx, stop, self.final_errors)
+        pool = Workers(work_queue, worker.process, count=self.workers, expected=kubeerrors.EXPLAINED)
+        pool.start()
+
+        def changed(claim: KubeObject) -> None:
+            # Cheap filter on the cached claim; the worker checks the PV's driver.
+            if status.needs_resize(claim):
+                work_queue.add(objects.key(claim))
+
+        registration = self.ctx.claims.add_handler(EventHandler(
+            on_add=changed, on_update=lambda _old, new: changed(new), resync_period=self.resync))
+        with self._lock:
+            self._pool, self._registration = pool, registration
+        log.info("resizer started", extra=fields(workers=self.workers, driver=self.ctx.driver_name))
+
+    def stop(self, timeout: float) -> bool:
+        with self._lock:
+            pool, registration = self._pool, self._registration
+            self._pool = self._registration = None
+        if registration is not None:
+            self.ctx.claims.remove_handler(registration)
+        stopped = pool.stop(timeout=timeout) if pool is not None else True
+        log.info("resizer stopped", extra=fields(clean=stopped))
+        return stopped

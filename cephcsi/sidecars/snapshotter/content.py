@@ -1,0 +1,263 @@
+"""One VolumeSnapshotContent of this driver → CreateSnapshot / ListSnapshots / DeleteSnapshot,
+as kubernetes-csi's csi-snapshotter sidecar (v8) does it:
+
+- dynamic content (`spec.source.volumeHandle`): annotate `volumesnapshot-being-created`,
+  CreateSnapshot("snapshot-<VolumeSnapshot uid>", class parameters without `csi.storage.k8s.io/`
+  keys, secrets from the class's `csi.storage.k8s.io/snapshotter-secret-*`), then status
+  (snapshotHandle, creationTime in ns, restoreSize, readyToUse); the annotation is removed once
+  the answer is final (ready, or an error that retrying cannot fix). Not ready yet: asked again
+  with backoff (CreateSnapshot is idempotent by name).
+- pre-provisioned content (`spec.source.snapshotHandle`): ListSnapshots(snapshot_id) fills the
+  status; secrets from the class's `snapshotter-list-secret-*`, else its snapshotter secret, else
+  the deletion-secret annotations.
+- deletion (deletionTimestamp, and the snapshot-controller's `volumesnapshot-being-deleted`
+  annotation, or an unbound pre-provisioned content): policy Delete → DeleteSnapshot with the
+  secret named by the `deletion-secret-*` annotations, status cleared; then (both policies) the
+  `volumesnapshotcontent-bound-protection` finalizer is removed.
+- failures: status.error {time, message} and a Warning event on the content.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from cephcsi._generated import csi_pb2
+from cephcsi.csi.controller import ControllerServicer
+from cephcsi.errors import CephCSIError, InvalidArgument, OperationInFlight
+from cephcsi.kube.events import NORMAL, WARNING, EventRecorder
+from cephcsi.observability.logging import fields, request_scope
+from cephcsi.sidecars import objects
+from cephcsi.sidecars.api import KubeApi
+from cephcsi.sidecars.calls import CsiCalls
+from cephcsi.sidecars.objects import KubeObject
+from cephcsi.sidecars.snapshotter.api import SnapshotApi
+
+log = logging.getLogger(__name__)
+
+PREFIX = "snapshot.storage.kubernetes.io/"
+BEING_CREATED = PREFIX + "volumesnapshot-being-created"
+BEING_DELETED = PREFIX + "volumesnapshot-being-deleted"
+DELETION_SECRET_NAME = PREFIX + "deletion-secret-name"
+DELETION_SECRET_NAMESPACE = PREFIX + "deletion-secret-namespace"
+BOUND_FINALIZER = PREFIX + "volumesnapshotcontent-bound-protection"
+RESERVED = "csi.storage.k8s.io/"
+SECRET_NAME, SECRET_NAMESPACE = RESERVED + "snapshotter-secret-name", RESERVED + "snapshotter-secret-namespace"
+LIST_SECRET_NAME, LIST_SECRET_NAMESPACE = RESERVED + "snapshotter-list-secret-name", RESERVED + "snapshotter-list-secret-namespace"
+META_NAME, META_NAMESPACE = RESERVED + "volumesnapshot/name", RESERVED + "volumesnapshot/namespace"
+META_CONTENT = RESERVED + "volumesnapshotcontent/name"
+# csi-snapshotter's isCSIFinalError: everything else means "retrying cannot help".
+NOT_FINAL = {grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
+             grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED}
+
+
+class NotReady(OperationInFlight):
+    """The snapshot is cut but not ready to use yet (a flatten pending): asked again later."""
+
+
+@dataclass
+class SnapshotterContext:
+    driver_name: str
+    contents: Any
+    """Informer of VolumeSnapshotContents (cached dicts)."""
+    snapshots: SnapshotApi
+    api: KubeApi
+    events: EventRecorder
+    controller: ControllerServicer
+    calls: CsiCalls
+    extra_create_metadata: bool = False
+
+
+def ours(content: Mapping[str, Any], driver_name: str) -> bool:
+    return objects.spec(content).get("driver") == driver_name
+
+
+def should_delete(content: Mapping[str, Any]) -> bool:
+    """csi-snapshotter's shouldDelete: only once the snapshot-controller asked for it."""
+    if not objects.deleting(content):
+        return False
+    spec = objects.spec(content)
+    unbound = not (spec.get("volumeSnapshotRef") or {}).get("uid")
+    if (spec.get("source") or {}).get("snapshotHandle") and unbound:
+        return True
+    return BEING_DELETED in objects.annotations_of(content)
+
+
+def resolve_template(text: str, content: Mapping[str, Any]) -> str:
+    ref = objects.spec(content).get("volumeSnapshotRef") or {}
+    for key, value in (("${volumesnapshotcontent.name}", objects.name(content)),
+                       ("${volumesnapshot.namespace}", str(ref.get("namespace") or "")),
+                       ("${volumesnapshot.name}", str(ref.get("name") or ""))):
+        text = text.replace(key, value)
+    if "${" in text:
+        raise InvalidArgument(f"secret reference {text!r} has an unknown template (supported: ${{volumesnapshotcontent.name}}, "
+                              "${volumesnapshot.namespace}, ${volumesnapshot.name})")
+    return text
+
+
+def snapshot_name(content: Mapping[str, Any]) -> str:
+    uid = str((objects.spec(content).get("volumeSnapshotRef") or {}).get("uid") or "")
+    if not uid:
+        raise InvalidArgument("spec.volumeSnapshotRef.uid is empty: the content is not bound to a VolumeSnapshot yet")
+    return f"snapshot-{uid}"
+
+
+def create_parameters(class_parameters: Mapping[str, str], content: Mapping[str, Any], extra: bool) -> dict[str, str]:
+    parameters = {k: v for k, v in class_parameters.items() if not k.startswith(RESERVED)}
+    if extra:
+        ref = objects.spec(content).get("volumeSnapshotRef") or {}
+        parameters.update({META_NAME: str(ref.get("name") or ""), META_NAMESPACE: str(ref.get("namespace") or ""),
+                           META_CONTENT: objects.name(content)})
+    return parameters
+
+
+def status_of(snapshot: csi_pb2.Snapshot) -> dict[str, Any]:
+    created = snapshot.creation_time.seconds * 1_000_000_000 + snapshot.creation_time.nanos
+    return {"snapshotHandle": snapshot.snapshot_id, "creationTime": created, "restoreSize": snapshot.size_bytes,
+            "readyToUse": snapshot.ready_to_use, "error": None}
+
+
+def error_status(message: str, now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.timezone.utc)) -> dict[str, Any]:
+    return {"error": {"time": now().strftime("%Y-%m-%dT%H:%M:%SZ"), "message": message}}
+
+
+class ContentWorker:
+    def __init__(self, ctx: SnapshotterContext, stop: threading.Event) -> None:
+        self.ctx = ctx
+        self.stop = stop
+
+    def process(self, name: str) -> None:
+        with request_scope():
+            content = self.ctx.contents.get(name)
+            if content is None or not ours(content, self.ctx.driver_name):
+                return
+            if objects.deleting(content):
+                if should_delete(content):
+                    self.delete(content)
+                return
+            status = content.get("status") or {}
+            if status.get("readyToUse"):
+                return
+            source = objects.spec(content).get("source") or {}
+            if source.get("volumeHandle"):
+                self.create(content)
+            elif source.get("snapshotHandle"):
+                self.import_existing(content, str(source["snapshotHandle"]))
+
+    # ---- dynamic ---------------------------------------------------------------------------
+
+    def create(self, content: KubeObject) -> None:
+        name = objects.name(content)
+        if BEING_CREATED not in objects.annotations_of(content):
+            self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {BEING_CREATED: "yes"}}})
+        try:
+            class_parameters = self._class_parameters(content)
+            request = csi_pb2.CreateSnapshotRequest(
+                name=snapshot_name(content),
+                source_volume_id=str(objects.spec(content)["source"]["volumeHandle"]),
+                parameters=create_parameters(class_parameters, content, self.ctx.extra_create_metadata),
+                secrets=self._secrets(content, class_parameters, (SECRET_NAME, SECRET_NAMESPACE)),
+            )
+            response = self.ctx.calls.run("CreateSnapshot", request.name,
+                                          lambda: self.ctx.controller.CreateSnapshot(request, None), self.stop)
+        except CephCSIError as error:
+            self._failed(content, "SnapshotCreationFailed", error, final=error.code not in NOT_FINAL)
+            raise
+        snapshot = response.snapshot
+        self.ctx.snapshots.patch_content_status(name, status_of(snapshot))
+        if not snapshot.ready_to_use:
+            raise NotReady(f"snapshot {snapshot.snapshot_id} of VolumeSnapshotContent {name} is not ready to use yet "
+                           "(its clone chain is being flattened); checking again")
+        self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {BEING_CREATED: None}}})
+        self.ctx.events.event(content, NORMAL, "SnapshotCreated", f"Created snapshot {snapshot.snapshot_id}")
+        log.info("snapshot created", extra=fields(content=name, snapshot=snapshot.snapshot_id))
+
+    # ---- pre-provisioned ---------------------------------------------------------------------
+
+    def import_existing(self, content: KubeObject, handle: str) -> None:
+        name = objects.name(content)
+        try:
+            class_parameters = self._class_parameters(content, required=False)
+            keys = (LIST_SECRET_NAME, LIST_SECRET_NAMESPACE) if LIST_SECRET_NAME in class_parameters else (SECRET_NAME, SECRET_NAMESPACE)
+            secret_values = self._secrets(content, class_parameters, keys)
+            request = csi_pb2.ListSnapshotsRequest(snapshot_id=handle, secrets=secret_values)
+            listed = self.ctx.calls.run("ListSnapshots", handle, lambda: self.ctx.controller.ListSnapshots(request, None),
+                                        self.stop)
+            if not listed.entries:
+                raise InvalidArgument(f"snapshot {handle!r} named by spec.source.snapshotHandle does not exist")
+        except CephCSIError as error:
+            self._failed(content, "SnapshotContentCheckandUpdateFailed", error, final=False)
+            raise
+        snapshot = listed.entries[0].snapshot
+        self.ctx.snapshots.patch_content_status(name, status_of(snapshot))
+        if not snapshot.ready_to_use:
+            raise NotReady(f"pre-provisioned snapshot {handle} is not ready to use yet; checking again")
+
+    # ---- deletion ----------------------------------------------------------------------------
+
+    def delete(self, content: KubeObject) -> None:
+        name = objects.name(content)
+        spec = objects.spec(content)
+        handle = str((content.get("status") or {}).get("snapshotHandle") or (spec.get("source") or {}).get("snapshotHandle") or "")
+        if spec.get("deletionPolicy") == "Delete" and handle:
+            try:
+                secret_values = self._deletion_secrets(content)
+                request = csi_pb2.DeleteSnapshotRequest(snapshot_id=handle, secrets=secret_values)
+                self.ctx.calls.run("DeleteSnapshot", handle, lambda: self.ctx.controller.DeleteSnapshot(request, None), self.stop)
+            except CephCSIError as error:
+                self._failed(content, "SnapshotDeleteError", error, final=False)
+                raise
+            self.ctx.snapshots.patch_content_status(name, {"snapshotHandle": None, "readyToUse": False})
+            log.info("snapshot deleted", extra=fields(content=name, snapshot=handle))
+        self._remove_finalizer(content)
+
+    def _remove_finalizer(self, content: KubeObject) -> None:
+        if not objects.has_finalizer(content, BOUND_FINALIZER):
+            return
+        remaining = [f for f in objects.finalizers(content) if f != BOUND_FINALIZER]
+        # A JSON merge patch replaces the whole list; the resourceVersion makes a concurrent
+        # change of the list a conflict (retried with the fresh object) instead of a lost finalizer.
+        rv = objects.meta(content).get("resourceVersion")
+        self.ctx.snapshots.patch_content(objects.name(content), {"metadata": {"finalizers": remaining, "resourceVersion": rv}})
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    def _class_parameters(self, content: KubeObject, required: bool = True) -> dict[str, str]:
+        class_name = str(objects.spec(content).get("volumeSnapshotClassName") or "")
+        if not class_name:
+            if required:
+                raise InvalidArgument("spec.volumeSnapshotClassName is empty; a dynamic snapshot needs a VolumeSnapshotClass")
+            return {}
+        found = self.ctx.snapshots.get_class(class_name)
+        if found is None:
+            raise InvalidArgument(f'volumesnapshotclass.snapshot.storage.k8s.io "{class_name}" not found')
+        if found.get("driver") != self.ctx.driver_name:
+            raise InvalidArgument(f"VolumeSnapshotClass {class_name} is for driver {found.get('driver')!r}, not {self.ctx.driver_name!r}")
+        return {str(k): str(v) for k, v in (found.get("parameters") or {}).items()}
+
+    def _secrets(self, content: KubeObject, parameters: Mapping[str, str], keys: tuple[str, str]) -> dict[str, str]:
+        name_template, namespace_template = parameters.get(keys[0], ""), parameters.get(keys[1], "")
+        if not name_template and not namespace_template:
+            return self._deletion_secrets(content)
+        if not (name_template and namespace_template):
+            raise InvalidArgument(f"VolumeSnapshotClass parameters {keys[0]} and {keys[1]} must be set together")
+        return self.ctx.api.read_secret(resolve_template(namespace_template, content), resolve_template(name_template, content))
+
+    def _deletion_secrets(self, content: KubeObject) -> dict[str, str]:
+        annotations = objects.annotations_of(content)
+        name, namespace = annotations.get(DELETION_SECRET_NAME, ""), annotations.get(DELETION_SECRET_NAMESPACE, "")
+        return self.ctx.api.read_secret(namespace, name) if name and namespace else {}
+
+    def _failed(self, content: KubeObject, reason: str, error: CephCSIError, final: bool) -> None:
+        if isinstance(error, NotReady):
+            return
+        name = objects.name(content)
+        self.ctx.events.event(content, WARNING, reason, error.message)
+        self.ctx.snapshots.patch_content_status(name, error_status(error.message))
+        if final and BEING_CREATED in objects.annotations_of(content):
+            self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {BEING_CREATED: None}}})

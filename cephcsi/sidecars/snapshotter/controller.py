@@ -1,0 +1,138 @@
+"""The snapshotter's leader-only loop: VolumeSnapshotContent events → one work queue → workers.
+
+Keys are content names (contents are cluster-scoped). Rate-limited per key like the
+provisioner's queues (--retry-interval-start doubling to --retry-interval-max), which also paces
+the readiness re-checks of snapshots that are not ready yet. One start → stop is one leadership
+term; the informer replays every cached content to a new leader, and a resync re-delivers them
+every `resync` seconds (csi-snapshotter: --resync 15 min).
+
+The content informer belongs to this loop, not to the shared factory: a cluster without the
+snapshot CRDs must not hold the provisioner and attacher back (the factory's informers gate
+every loop's start). The informer is started only once discovery serves VolumeSnapshotContents:
+until then the loop logs one warning and asks discovery again every `discovery_interval`
+seconds (one small GET), so it starts its workers soon after the CRDs appear. Waiting happens on
+a thread of its own that watches the term's stop event, so start and stop never block on it
+(stop must finish within the leader elector's fence deadline).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from cephcsi.errors import CephCSIError
+from cephcsi.kube.informer import EventHandler, HandlerRegistration
+from cephcsi.kube.ratelimit import ItemBackoffSettings, ItemExponentialBackoff
+from cephcsi.kube.workqueue import WorkQueue, Workers
+from cephcsi.observability.logging import fields
+from cephcsi.sidecars import kubeerrors, objects
+from cephcsi.sidecars.objects import KubeObject
+from cephcsi.sidecars.snapshotter.api import GROUP
+from cephcsi.sidecars.snapshotter.content import ContentWorker, SnapshotterContext, ours
+
+log = logging.getLogger(__name__)
+
+# Seconds between discovery checks while the snapshot CRDs are not installed.
+DISCOVERY_INTERVAL = 30.0
+# How often a waiting term looks at its stop event while the informer syncs.
+_POLL = 0.2
+
+
+class SnapshotterLoop:
+    def __init__(self, ctx: SnapshotterContext, *, workers: int, backoff: ItemBackoffSettings,
+                 resync: float = 600.0, discovery_interval: float = DISCOVERY_INTERVAL) -> None:
+        self.ctx = ctx
+        self.workers = workers
+        self.backoff = backoff
+        self.resync = resync
+        self.discovery_interval = discovery_interval
+        self._served = False  # discovery has listed VolumeSnapshotContents (no more checks)
+        self._warned = False  # "CRDs not installed" logged (once per process)
+        self._registration: HandlerRegistration | None = None
+        self._pool: Workers[str] | None = None
+        self._lock = threading.Lock()
+        self._waiter: threading.Thread | None = None
+
+    def start(self, stop: threading.Event) -> None:
+        """Returns at once: a thread waits for the CRDs, starts the informer (once) and, when it
+        has synced, the workers of this term."""
+        self._waiter = threading.Thread(target=self._start_when_synced, args=(stop,), name="snapshotter-sync",
+                                        daemon=True)
+        self._waiter.start()
+
+    def _start_when_synced(self, stop: threading.Event) -> None:
+        if not self._wait_for_crds(stop):
+            return
+        with self._lock:
+            if stop.is_set():
+                return
+            self.ctx.contents.start()
+        while not self.ctx.contents.wait_for_sync(_POLL):
+            if stop.is_set() or self.ctx.contents.stopped:
+                return
+        with self._lock:
+            if stop.is_set():
+                return
+            self._start_workers(stop)
+
+    def _wait_for_crds(self, stop: threading.Event) -> bool:
+        """True once discovery serves VolumeSnapshotContents; False if the term ends first."""
+        while not stop.is_set():
+            if self._served:
+                return True
+            try:
+                served = self.ctx.snapshots.served()
+            except CephCSIError as error:
+                log.warning("cannot check whether the snapshot CRDs are installed; checking again later",
+                            extra=fields(group=GROUP, error=error.message, retry_in=self.discovery_interval))
+            else:
+                if served:
+                    if self._warned:
+                        log.info("snapshot CRDs installed; snapshotter starting", extra=fields(group=GROUP))
+                    self._served = True
+                    return True
+                if not self._warned:
+                    self._warned = True
+                    log.warning("snapshot CRDs not installed; snapshotter idle until they are "
+                                "(kubernetes-csi/external-snapshotter client/config/crd)",
+                                extra=fields(group=GROUP, recheck_every=self.discovery_interval))
+            stop.wait(self.discovery_interval)
+        return False
+
+    def _start_workers(self, stop: threading.Event) -> None:
+        queue: WorkQueue[str] = WorkQueue("snapshotter-contents", rate_limiter=ItemExponentialBackoff(self.backoff))
+        worker = ContentWorker(self.ctx, stop)
+        pool = Workers(queue, worker.process, count=self.workers, expected=kubeerrors.EXPLAINED)
+        pool.start()
+        driver = self.ctx.driver_name
+
+        def changed(content: KubeObject) -> None:
+            if ours(content, driver):
+                queue.add(objects.name(content))
+
+        self._registration = self.ctx.contents.add_handler(EventHandler(
+            on_add=changed, on_update=lambda _old, new: changed(new), resync_period=self.resync))
+        self._pool = pool
+        log.info("snapshotter started", extra=fields(workers=self.workers, driver=driver))
+
+    def stop(self, timeout: float) -> bool:
+        """End this term's handler and workers (the informer keeps running for the next)."""
+        waiter = self._waiter
+        if waiter is not None:
+            # It notices `stop` within _POLL (or once a discovery GET returns) and never starts
+            # workers once stop is set (checked under the lock), so a short join is enough.
+            waiter.join(timeout=min(timeout, 1.0))
+        with self._lock:
+            pool, registration = self._pool, self._registration
+            self._pool, self._registration = None, None
+        if registration is not None:
+            self.ctx.contents.remove_handler(registration)
+        if pool is None:
+            return True
+        pool.queue.shut_down()
+        stopped = pool.stop(timeout=timeout)
+        log.info("snapshotter stopped", extra=fields(clean=stopped))
+        return stopped
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the informer (process shutdown)."""
+        self.ctx.contents.stop(timeout)

@@ -1,0 +1,215 @@
+"""CreateVolume with a content source: restore from a snapshot, or clone a volume.
+
+Both make the new image a clone v2, so they take about as long as an empty create plus one
+snapshot (no data is copied on the request path):
+
+- from a snapshot: clone `csi-snap-<uuid>@csi-snap-<uuid>` (the snapshot image's restore point);
+- from a volume: under the source volume's lease, cut a temporary snapshot
+  `cephcsi-tmp-<new uuid>` on it, clone it, remove it (it moves to the trash namespace and
+  lives as long as the clone reads through it).
+
+Steps after the volume's journal record (which names the source, so a repeat with another
+source is ALREADY_EXISTS): clone → grow to the requested size → image id → flatten policy. A
+retry after a crash anywhere, including inside librbd's clone, finds a finished clone and
+continues, or finds clone debris (no parent link) and removes it first.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import rados
+import rbd
+
+from cephcsi.ceph import images, layering
+from cephcsi.ceph.connection import Session
+from cephcsi.ceph.errors import ceph_call
+from cephcsi.errors import AlreadyExists, Internal, InvalidArgument, NotFound, OperationInFlight, OutOfRange
+from cephcsi.observability.logging import fields
+from cephcsi.volumes import failpoints, flatten, sources
+from cephcsi.volumes.capacity import fits, round_up
+from cephcsi.volumes.journal import Record
+from cephcsi.volumes.volume_id import VolumeId
+
+if TYPE_CHECKING:
+    from cephcsi.volumes.manager import CreateRequest
+
+log = logging.getLogger(__name__)
+
+SOURCE_KEY = "csi.clone.source"
+"""Record key of a restored or cloned volume: `snapshot:<id>` or `volume:<id>`."""
+KINDS = ("snapshot", "volume")
+
+
+@dataclass(frozen=True)
+class ContentSource:
+    kind: str
+    """"snapshot" or "volume"."""
+    source_id: str
+
+    def encode(self) -> str:
+        return f"{self.kind}:{self.source_id}"
+
+
+def record_values(source: ContentSource | None) -> dict[str, str]:
+    return {SOURCE_KEY: source.encode()} if source is not None else {}
+
+
+def has_source(record: Record) -> bool:
+    return bool(record.get(SOURCE_KEY))
+
+
+@dataclass(frozen=True)
+class Parent:
+    """What the new image is cloned from."""
+
+    io: rados.Ioctx
+    image: str
+    snap: str
+    size: int
+
+
+def target_size(request: CreateRequest, source_size: int) -> int:
+    """At least the source's size; larger when asked (the clone is grown); OUT_OF_RANGE when
+    the limit is below the source."""
+    limit = request.limit_bytes
+    if limit and source_size > limit:
+        raise OutOfRange(f"capacity_range limit_bytes {limit} is smaller than the source's {source_size} bytes; "
+                         "a volume made from a source must be at least as large as it")
+    if request.required_bytes <= source_size:
+        return source_size
+    return max(request.size, round_up(request.required_bytes))
+
+
+class Cloner:
+    def __init__(self, policy: flatten.FlattenPolicy, instance_id: str, lock_seconds: float) -> None:
+        self.policy = policy
+        self.instance_id = instance_id
+        self.lock_seconds = lock_seconds
+
+    def ensure(self, session: Session, io: rados.Ioctx, request: CreateRequest, record: Record) -> tuple[str, int]:
+        """(image id, size) of the volume's image, cloning it from the request's source first."""
+        source = request.source
+        if source is None or record.get(SOURCE_KEY) != source.encode():
+            raise AlreadyExists(f"volume {request.name!r} already exists with content source "
+                                f"{record.get(SOURCE_KEY) or 'none'!r}, not {source.encode() if source else 'none'!r}")
+        name = record.image_name
+        if layering.finished_clone(session, io, name):
+            # An earlier attempt cloned it: finish without the source (it may be gone by now).
+            if source.kind == "volume":
+                self._drop_temporary(session, source, record)
+            return self._finish(session, io, request, name, target_size(request, _size(io, name)))
+        try:
+            size = self._clone(session, io, request, source, record)
+        except (NotFound, InvalidArgument):
+            self._forget(session, io, record)
+            raise
+        failpoints.reach("clone.after-clone")
+        return self._finish(session, io, request, name, size)
+
+    def _clone(self, session: Session, io: rados.Ioctx, request: CreateRequest, source: ContentSource,
+               record: Record) -> int:
+        """Clone the image from the source; the size it must then have."""
+        entry_id = sources.decode(source.source_id, f"source {source.kind}")
+        if entry_id.cluster_id != request.parameters.cluster_id:
+            raise InvalidArgument(f"source {source.kind} {source.source_id!r} is in cluster {entry_id.cluster_id!r}; "
+                                  f"clones are made within one cluster ({request.parameters.cluster_id!r})")
+        with sources.opened(session, entry_id, f"source {source.kind}") as (pool, source_io):
+            if source.kind == "volume":
+                return self._clone_volume(session, source_io, pool, entry_id, io, request, record)
+            parent = self._snapshot_parent(source_io, pool, entry_id)
+            size = target_size(request, parent.size)
+            layering.clone(parent.io, parent.image, parent.snap, io, record.image_name, self._features(request),
+                           request.parameters.data_pool or None)
+            return size
+
+    def _forget(self, session: Session, io: rados.Ioctx, record: Record) -> None:
+        """The source does not exist and no finished clone of it does: drop clone debris, name
+        and record (under the volume's lease) so a later request for the name starts afresh."""
+        if layering.finished_clone(session, io, record.image_name):
+            return
+        layering.remove_debris(io, record.image_name)
+        journal = sources.volume_journal(io, self.instance_id, self.lock_seconds)
+        journal.release_name(record.name, record.uuid)
+        journal.remove_record(record.uuid)
+
+    @staticmethod
+    def _features(request: CreateRequest) -> int:
+        # A clone needs layering whatever the StorageClass lists.
+        return images.feature_mask(request.parameters.features) | rbd.RBD_FEATURE_LAYERING
+
+    def _snapshot_parent(self, io: rados.Ioctx, pool: str, entry_id: VolumeId) -> Parent:
+        journal = sources.snapshot_journal(io, self.instance_id, self.lock_seconds)
+        entry = sources.read_entry(io, pool, entry_id, journal, "source snapshot")
+        name = entry.record.image_name
+        with ceph_call("open snapshot image", f"image {name!r}"):
+            try:
+                with rbd.Image(io, name, read_only=True) as image:
+                    point = layering.user_snap(image, name)
+                    size = int(image.size())
+            except rbd.ImageNotFound:
+                point = None
+        if point is None:
+            raise OperationInFlight(f"snapshot {entry_id.encode()!r} is still being created; retry")
+        return Parent(io, name, name, size)
+
+    def _clone_volume(self, session: Session, source_io: rados.Ioctx, pool: str, entry_id: VolumeId,
+                      io: rados.Ioctx, request: CreateRequest, record: Record) -> int:
+        """Clone the source volume at a temporary snapshot, under its lease; the target size."""
+        journal = sources.volume_journal(source_io, self.instance_id, self.lock_seconds)
+        temp = f"{layering.TEMP_SNAP_PREFIX}{record.uuid}"
+        with sources.hold_source(journal, entry_id.object_uuid) as source_record, \
+                ceph_call("clone source volume", f"image {source_record.image_name!r}"), \
+                rbd.Image(source_io, source_record.image_name) as source:
+            size = target_size(request, int(source.size()))
+            sources.sweep_temporaries(source, source_record.image_name, keep=temp)
+            flatten.limit_snapshots(session, source, flatten.Placement(
+                pool, source_io.get_namespace(), source_record.image_name), self.policy)
+            layering.ensure_snap(source, temp)
+            failpoints.reach("clone.after-source-snap")
+            layering.clone(source_io, source_record.image_name, temp, io, record.image_name,
+                           self._features(request), request.parameters.data_pool or None)
+            layering.remove_snap(source, temp)
+        return size
+
+    def _drop_temporary(self, session: Session, source: ContentSource, record: Record) -> None:
+        """Remove the clone's temporary snapshot from its source volume if still there."""
+        temp = f"{layering.TEMP_SNAP_PREFIX}{record.uuid}"
+        try:
+            entry_id = sources.decode(source.source_id, "source volume")
+            with sources.opened(session, entry_id, "source volume") as (_, source_io):
+                journal = sources.volume_journal(source_io, self.instance_id, self.lock_seconds)
+                with sources.hold_source(journal, entry_id.object_uuid) as source_record, \
+                        ceph_call("remove temporary snapshot", f"image {source_record.image_name!r}"):
+                    try:
+                        with rbd.Image(source_io, source_record.image_name) as image:
+                            layering.remove_snap(image, temp)
+                    except rbd.ImageNotFound:
+                        pass
+        except NotFound:
+            pass  # the source is gone; its temporary snapshot went with it
+
+    def _finish(self, session: Session, io: rados.Ioctx, request: CreateRequest, name: str, size: int) -> tuple[str, int]:
+        """Grow the clone to `size` (a retry after a crash before the resize does it), apply the
+        flatten policy, and return (image id, size)."""
+        with ceph_call("open cloned image", f"image {name!r}"), rbd.Image(io, name) as image:
+            current = int(image.size())
+            if current < size:
+                log.info("growing the clone to the requested size", extra=fields(image=name, bytes=size))
+                image.resize(size)
+                current = size
+            if not fits(current, request.required_bytes, request.limit_bytes):
+                raise AlreadyExists(f"volume {request.name!r} already exists with {current} bytes, which does not fit "
+                                    f"the requested range [{request.required_bytes}, {request.limit_bytes or 'unbounded'}]")
+            image_id = str(image.id())
+            flatten.after_create(session, image, flatten.Placement(request.parameters.pool, io.get_namespace(), name),
+                                 self.policy)
+        if not image_id:
+            raise Internal(f"image {name!r} has no id right after it was cloned; retry")
+        return image_id, current
+
+
+def _size(io: rados.Ioctx, name: str) -> int:
+    with ceph_call("open cloned image", f"image {name!r}"), rbd.Image(io, name, read_only=True) as image:
+        return int(image.size())

@@ -1,0 +1,112 @@
+"""Deleting an image that other images still read through (snapshot images, clones).
+
+A volume with CSI snapshots or clones, or a snapshot image with restored volumes, is a clone v2
+parent: its snapshots are in the trash namespace and have children. Flattening those children
+on delete would copy whole volumes on the request path; removing the parent would break them.
+Instead the parent goes to the RBD trash with source USER_PARENT (`RBD.remove` does that with
+`rbd_move_parent_to_trash_on_remove`), where librbd itself purges it when its last child is
+removed or flattened: O(1) now, nothing left behind later (measured: docs/snapshots.md).
+
+Before that, the driver's own user-namespace snapshots on the image are removed: temporary
+snapshots of killed snapshot/clone calls (the caller holds the image's journal lease, so no
+live call owns one) and a snapshot image's restore point. Snapshots anybody else made are
+refused by name rather than leaked into a trash entry no purge could ever remove.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import rados
+import rbd
+
+from cephcsi.ceph import imagestate, layering, trash
+from cephcsi.ceph.errors import ceph_call
+from cephcsi.ceph.imagestate import ImageState
+from cephcsi.errors import FailedPrecondition
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+
+PARENT_WATCH_WAIT = 3.0
+"""How long a delete waits out watchers on an image that is a clone parent: the mgr opens the
+parent read-write for a moment while it purges one of its children (measured: tens of ms), and
+that watch must not fail the delete. A real user (a mapped image) still fails after this."""
+
+
+def require_unused(io: rados.Ioctx, name: str) -> None:
+    """trash.require_unused, tolerating the brief watch of a child purge on a parent."""
+    deadline = time.monotonic() + PARENT_WATCH_WAIT
+    while time.monotonic() < deadline:
+        with ceph_call("list image watchers", f"image {name!r}"):
+            try:
+                with rbd.Image(io, name, read_only=True) as image:
+                    if not list(image.watchers_list()):
+                        return
+                    if not layering.list_snaps(image):
+                        break  # not a parent: no purge of a child explains the watch
+            except rbd.ImageNotFound:
+                return
+        time.sleep(0.1)
+    trash.require_unused(io, name)
+
+
+def _remove_to_trash(io: rados.Ioctx, name: str) -> None:
+    """`RBD.remove` of a parent (to the trash, USER_PARENT), waiting out a child purge's watch."""
+    deadline = time.monotonic() + PARENT_WATCH_WAIT
+    while True:
+        try:
+            rbd.RBD().remove(io, name)
+            return
+        except rbd.ImageBusy:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _ours(snap_name: str, image_name: str) -> bool:
+    return snap_name.startswith(layering.TEMP_SNAP_PREFIX) or snap_name == image_name
+
+
+def defer_if_parent(io: rados.Ioctx, state: ImageState) -> bool:
+    """For a live image: drop the driver's snapshots on it; if clones still read through it,
+    move it to the trash for librbd to purge after them and return True (nothing else to do).
+    False: no dependents, delete it the usual way."""
+    name = state.name
+    with ceph_call("list image snapshots", f"image {name!r}"):
+        try:
+            with rbd.Image(io, name, read_only=True) as image:
+                snaps = layering.list_snaps(image)
+        except rbd.ImageNotFound:
+            return False
+    if not snaps:
+        return False
+    user = [s for s in snaps if s.namespace == 0]
+    foreign = [s.name for s in user if not _ours(s.name, name)]
+    if foreign:
+        raise FailedPrecondition(
+            f"image {name!r} has snapshots cephcsi did not make: {', '.join(sorted(foreign))}; remove them "
+            f"(rbd snap rm) or keep the image, then retry the delete"
+        )
+    with ceph_call("remove driver snapshots", f"image {name!r}"):
+        if user:
+            with rbd.Image(io, name) as image:
+                for snap in user:
+                    layering.remove_snap(image, snap.name)
+                remaining = layering.list_snaps(image)
+        else:
+            remaining = snaps
+        if not remaining:
+            return False
+        log.info("image still has clones; moving it to the trash until they are gone",
+                 extra=fields(image=name, snapshots_with_children=len(remaining)))
+        _remove_to_trash(io, name)
+    return True
+
+
+def purged_by_librbd(io: rados.Ioctx, image_id: str) -> bool:
+    """The trashed image waits for its clones and librbd removes it after them: queueing a mgr
+    purge would only fail and retry every few minutes meanwhile."""
+    entry = imagestate.trash_entry(io, image_id) if image_id else None
+    return entry is not None and entry.awaits_children

@@ -1,0 +1,128 @@
+"""ControllerExpandVolume's storage logic: grow a volume's image to the requested size, never
+shrink it.
+
+Crash safety and idempotency: the size lives only in the image header and growing it is one
+librbd operation, so there is nothing to journal. A retry after a crash at any point finds the
+image either at its old size (and grows it) or already grown (and answers OK with the size it
+has), so a repeated call always converges on one image of at least the requested size.
+
+Exclusion: the call holds the same two locks as DeleteVolume — the per-volume in-process
+KeyLocks (a second call on a busy volume gets ABORTED at once) and the journal lease on the
+volume's record (so another controller process's delete, e.g. an old leader's, cannot run
+between our lookup and the resize). The record is read before the lease is taken: an id
+whose record does not exist is answered NOT_FOUND without creating a lock object for it.
+
+Sizes are rounded up to whole MiB exactly as CreateVolume rounds them, so an expansion to the
+size a CreateVolume would have allocated is a no-op, and the size answered is what the image has.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import rados
+
+from cephcsi.ceph import images, resize
+from cephcsi.ceph.credentials import Credentials
+from cephcsi.errors import Internal, InvalidArgument, NotFound, OutOfRange
+from cephcsi.observability.logging import fields
+from cephcsi.volumes import failpoints
+from cephcsi.volumes.capacity import MiB, choose_size
+from cephcsi.volumes.journal import VOLUMES, Journal, Record
+from cephcsi.volumes.manager import VolumeManager
+from cephcsi.volumes.volume_id import MalformedId, VolumeId
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExpandRequest:
+    volume_id: str
+    required_bytes: int
+    limit_bytes: int
+    credentials: Credentials
+
+
+@dataclass(frozen=True)
+class Expanded:
+    size: int
+    """Bytes the image has now."""
+    grown: bool
+    """False when the image already had the size (a repeated call)."""
+
+
+def target_size(required: int, limit: int) -> int:
+    """The size to grow to for a capacity range: `required` rounded up to whole MiB (as
+    CreateVolume rounds), or, with only a limit, the largest whole MiB within it."""
+    if required == 0 and limit == 0:
+        raise InvalidArgument("capacity_range must set required_bytes (the new size of the volume)")
+    if required == 0:
+        if limit < 0:
+            raise InvalidArgument("capacity_range: limit_bytes must not be negative")
+        size = limit - limit % MiB
+        if size == 0:
+            raise OutOfRange(f"capacity_range: limit_bytes {limit} holds no whole MiB; RBD volumes are allocated in MiB")
+        return size
+    return choose_size(required, limit)
+
+
+def check_current(volume_id: str, current: int, target: int, limit: int) -> bool:
+    """Whether the image must grow. An image already at `target` or larger needs nothing (the
+    call is a repeat, or asked for less than there is) unless a limit excludes its size: that
+    would need a shrink, which this driver never does."""
+    if current < target:
+        return True
+    if limit and current > limit:
+        raise OutOfRange(
+            f"volume {volume_id} already has {current} bytes, more than limit_bytes {limit}; RBD volumes are "
+            "never shrunk (data beyond the new end would be lost). Request at least the current size"
+        )
+    return False
+
+
+def expand(volumes: VolumeManager, request: ExpandRequest) -> Expanded:
+    """Grow the volume to the requested range; NotFound for a volume that does not exist."""
+    try:
+        volume_id = VolumeId.decode(request.volume_id)
+    except MalformedId:
+        raise NotFound(f"volume {request.volume_id!r} does not exist (not an id issued by this driver)") from None
+    target = target_size(request.required_bytes, request.limit_bytes)
+    cluster = volumes.clusters.get(volume_id.cluster_id)
+    with volumes.id_locks.hold(request.volume_id), volumes.connections.session(cluster, request.credentials) as session:
+        pool = session.pool_name(volume_id.pool_id)
+        if pool is None:
+            raise NotFound(f"volume {request.volume_id!r} does not exist (its pool is gone)")
+        with session.ioctx(pool) as io:
+            journal = Journal(io, volumes.instance_id, VOLUMES, lock_seconds=volumes.journal_lock_seconds)
+            uuid = volume_id.object_uuid
+            if journal.read(uuid) is None:
+                raise NotFound(f"volume {request.volume_id!r} does not exist")
+            with journal.locked(uuid):
+                record = journal.read(uuid)
+                if record is None:
+                    # Deleted between our read and the lease: the lease re-created an empty
+                    # record object, which nothing points at.
+                    journal.discard_orphan(uuid)
+                    raise NotFound(f"volume {request.volume_id!r} does not exist (deleted meanwhile)")
+                return _grow_locked(io, request, record, target)
+
+
+def _grow_locked(io: rados.Ioctx, request: ExpandRequest, record: Record, target: int) -> Expanded:
+    info = images.stat(io, record.image_name)
+    if info is None:
+        raise NotFound(f"volume {request.volume_id!r} does not exist (its image {record.image_name!r} is gone)")
+    if record.image_id and info.image_id != record.image_id:
+        raise Internal(
+            f"image {record.image_name!r} has id {info.image_id}, but the journal of volume {request.volume_id} "
+            f"records {record.image_id}; run `cephcsi audit` before expanding it"
+        )
+    if not check_current(request.volume_id, info.size, target, request.limit_bytes):
+        log.info("volume already has the requested size", extra=fields(volume_id=request.volume_id, bytes=info.size))
+        return Expanded(info.size, grown=False)
+    grown = resize.grow(io, record.image_name, target)
+    failpoints.reach("expand.after-resize")
+    log.info(
+        "volume expanded",
+        extra=fields(volume_id=request.volume_id, image=record.image_name, before=grown.before, after=grown.after),
+    )
+    return Expanded(grown.after, grown=grown.changed)

@@ -1,0 +1,94 @@
+"""The flatten policy: how deep clone chains and how many snapshots per image are allowed.
+
+Every CSI snapshot and every restored or cloned volume is an RBD clone, so reads of a new
+image go through its parents until they are flattened. The knobs are ceph-csi's, with one
+difference: no request ever waits for a flatten or fails because one is pending. Flattens are
+mgr tasks (`rbd task add flatten`) that run in the background and are retried by the mgr;
+the policy only decides *when to queue them*:
+
+- an image (snapshot image, restored or cloned volume) deeper than `soft_depth` is queued for
+  flattening right after it is created;
+- a snapshot whose image is deeper than `hard_depth` is reported `ready_to_use=false` until
+  its flatten has finished (the point in time is already captured; the CO waits for
+  readiness before restoring from it, so chains through snapshots never exceed the limit);
+- a source image with at least `min_snapshots` snapshots has the children of its oldest
+  snapshots flattened, so its snapshot count returns below `min_snapshots` (each CSI snapshot
+  or clone leaves one on the source until its child is flattened or deleted); at
+  `max_snapshots` the count is over budget and this is logged as a warning — the request
+  still succeeds, since the flattens already queued are what brings it down.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import rbd
+
+from cephcsi.ceph import layering
+from cephcsi.ceph.connection import Session
+from cephcsi.errors import ConfigError
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+KRBD_MAX_CHAIN = 16
+"""The kernel client refuses to map an image whose parent chain is longer than this."""
+
+
+@dataclass(frozen=True)
+class FlattenPolicy:
+    soft_depth: int = 4
+    hard_depth: int = 8
+    min_snapshots: int = 250
+    max_snapshots: int = 450
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.soft_depth <= self.hard_depth < KRBD_MAX_CHAIN:
+            raise ConfigError(
+                f"clone depth limits must satisfy 1 <= --rbdsoftmaxclonedepth ({self.soft_depth}) <= "
+                f"--rbdhardmaxclonedepth ({self.hard_depth}) < {KRBD_MAX_CHAIN} (the kernel client's chain limit)"
+            )
+        if not 1 <= self.min_snapshots <= self.max_snapshots:
+            raise ConfigError(
+                f"snapshot limits must satisfy 1 <= --minsnapshotsonimage ({self.min_snapshots}) <= "
+                f"--maxsnapshotsonimage ({self.max_snapshots})"
+            )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an image lives, for mgr task specs."""
+
+    pool: str
+    namespace: str
+    name: str
+
+
+def after_create(session: Session, image: rbd.Image, where: Placement, policy: FlattenPolicy) -> int:
+    """Queue a background flatten if the new image is deeper than the soft limit; its depth."""
+    chain = layering.depth(session, image)
+    if chain > policy.soft_depth:
+        log.info("clone chain over the soft limit; flattening in the background",
+                 extra=fields(image=where.name, depth=chain, soft_limit=policy.soft_depth))
+        layering.queue_flatten(session, where.pool, where.namespace, where.name)
+    return chain
+
+
+def limit_snapshots(session: Session, source: rbd.Image, where: Placement, policy: FlattenPolicy) -> None:
+    """Flatten the children of the source's oldest snapshots when it holds too many."""
+    snaps = sorted(layering.list_snaps(source), key=lambda s: s.snap_id)
+    if len(snaps) < policy.min_snapshots:
+        return
+    if len(snaps) >= policy.max_snapshots:
+        log.warning("image is over its snapshot budget; flattens of its clones are queued",
+                    extra=fields(image=where.name, snapshots=len(snaps), max=policy.max_snapshots))
+    excess = len(snaps) - policy.min_snapshots + 1
+    for snap in [s for s in snaps if s.namespace == layering.TRASH_NAMESPACE][:excess]:
+        source.set_snap_by_id(snap.snap_id)
+        try:
+            children = list(source.list_children2())
+        finally:
+            source.set_snap_by_id(None)
+        for child in children:
+            layering.queue_flatten(session, str(child["pool"]), str(child.get("pool_namespace", "")),
+                                   str(child["image"]))

@@ -1,0 +1,109 @@
+"""Finding the volume or snapshot a new image is made from, and holding it still meanwhile.
+
+A snapshot or clone cuts a temporary RBD snapshot on its source volume, clones it and removes
+it. For that short span the source volume's own cross-process journal lease is held, so a
+DeleteVolume of the source (which takes the same lease) can never interleave with it: either
+the clone is finished (and the source, now a parent, waits in the trash for its children) or it
+has not started (and the source is simply gone). Since every user of a temporary snapshot
+holds the source lease while it exists, whoever holds the lease knows any temporary snapshot
+it finds is left over from a killed call and may remove it (`sweep_temporaries`).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+
+import rados
+import rbd
+
+from cephcsi.ceph import layering
+from cephcsi.ceph.connection import Session
+from cephcsi.errors import NotFound, OperationInFlight
+from cephcsi.observability.logging import fields
+from cephcsi.volumes.journal import SNAPSHOTS, VOLUMES, Journal, Record
+from cephcsi.volumes.volume_id import MalformedId, VolumeId
+
+log = logging.getLogger(__name__)
+
+SOURCE_WAIT_SECONDS = 5.0
+"""How long a snapshot or clone waits for another one on the same source (each holds it for
+~0.1-0.3 s): a burst of snapshots of one volume queues briefly instead of answering ABORTED."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A journal entry of a volume or snapshot, found from its id."""
+
+    entry_id: VolumeId
+    pool: str
+    record: Record
+
+
+def decode(text: str, what: str) -> VolumeId:
+    """An id issued by this driver, or NotFound (the spec's answer for an unknown source)."""
+    try:
+        return VolumeId.decode(text)
+    except MalformedId:
+        raise NotFound(f"{what} {text!r} does not exist (not an id issued by this driver)") from None
+
+
+@contextmanager
+def opened(session: Session, entry_id: VolumeId, what: str) -> Iterator[tuple[str, rados.Ioctx]]:
+    """(pool name, ioctx) of the pool an id points into; NotFound when that pool is gone."""
+    pool = session.pool_name(entry_id.pool_id)
+    if pool is None:
+        raise NotFound(f"{what} {entry_id.encode()!r} does not exist (its pool is gone)")
+    with session.ioctx(pool) as io:
+        yield pool, io
+
+
+def read_entry(io: rados.Ioctx, pool: str, entry_id: VolumeId, journal: Journal, what: str) -> Entry:
+    record = journal.read(entry_id.object_uuid)
+    if record is None:
+        raise NotFound(f"{what} {entry_id.encode()!r} does not exist")
+    return Entry(entry_id, pool, record)
+
+
+def volume_journal(io: rados.Ioctx, instance_id: str, lock_seconds: float) -> Journal:
+    return Journal(io, instance_id, VOLUMES, lock_seconds=lock_seconds)
+
+
+def snapshot_journal(io: rados.Ioctx, instance_id: str, lock_seconds: float) -> Journal:
+    return Journal(io, instance_id, SNAPSHOTS, lock_seconds=lock_seconds)
+
+
+@contextmanager
+def hold_source(journal: Journal, uuid: str, wait: float = SOURCE_WAIT_SECONDS) -> Iterator[Record]:
+    """Hold the source volume's journal lease (waiting up to `wait` for a concurrent snapshot
+    or clone of it); yields its record. NotFound if the volume was deleted meanwhile."""
+    deadline = time.monotonic() + wait
+    while True:
+        stack = ExitStack()
+        try:
+            stack.enter_context(journal.locked(uuid))
+            break
+        except OperationInFlight:
+            stack.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+    with stack:
+        record = journal.read(uuid)
+        if record is None:
+            # Our lease created an empty record object for a volume deleted meanwhile.
+            journal.discard_orphan(uuid)
+            raise NotFound(f"source volume (journal entry {uuid}) was deleted")
+        yield record
+
+
+def sweep_temporaries(image: rbd.Image, image_name: str, keep: str = "") -> None:
+    """Remove temporary snapshots left by killed snapshot/clone calls (call under the source
+    lease). One with a finished clone moves to the trash namespace, which the clone keeps."""
+    for snap in layering.list_snaps(image):
+        if snap.namespace == 0 and snap.name.startswith(layering.TEMP_SNAP_PREFIX) and snap.name != keep:
+            log.warning("removing a temporary snapshot left by an interrupted call",
+                        extra=fields(image=image_name, snapshot=snap.name))
+            layering.remove_snap(image, snap.name)

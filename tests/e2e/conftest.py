@@ -1,0 +1,68 @@
+"""Fixtures of the e2e tests: one real node for the whole package (tests/e2e/env.py).
+
+Start-up (image build from cache, node, Ceph, install) takes ~30 s on a warm machine and several
+minutes on a fresh one (debootstrap, image build); it is timed by its own deadlines, so the
+tests carry `timeout(..., func_only=True)` and pytest-timeout times only the test bodies.
+
+The e2e tests run after every other test of the session (see pytest_collection_modifyitems):
+the node's containers unshare mount namespaces, and a namespace created while another test's
+volumes are mounted keeps copies of those mounts, making their unmount fail with "busy". The
+node is torn down when the package's last test finishes (package scope).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e.env import E2EEnv, start_env
+
+log = logging.getLogger(__name__)
+E2E_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+# Scenario order: the basic volume paths first (a failure there explains later ones), the
+# disruptive ones (restarts, a killed leader, a config edit) after them.
+MODULE_ORDER = ("test_registrar.py", "test_volumes.py", "test_expansion.py", "test_snapshots.py", "test_restarts.py",
+                "test_burst.py", "test_config.py")
+
+
+def _rank(item: pytest.Item) -> int:
+    name = item.path.name
+    return MODULE_ORDER.index(name) if name in MODULE_ORDER else len(MODULE_ORDER)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Move the e2e tests to the end of the run, in MODULE_ORDER (stable within a module)."""
+    inside = [item for item in items if str(item.path).startswith(E2E_DIR + os.sep)]
+    if not inside:
+        return
+    outside = [item for item in items if not str(item.path).startswith(E2E_DIR + os.sep)]
+    items[:] = outside + sorted(inside, key=_rank)
+
+
+@pytest.fixture(scope="package")
+def e2e() -> Iterator[E2EEnv]:
+    if os.geteuid() != 0:
+        pytest.skip("the e2e node (kubelet, containerd, mounts, iptables) needs root")
+    env = start_env()
+    log.info("e2e start-up timings: %s", env.timings.steps)
+    try:
+        yield env
+    finally:
+        failed = env.stop()
+        if failed:
+            # Teardown problems are reported, not raised: the tests' own results stand, and
+            # the next session's start clears what is left (see KubeNode._clear_leftovers).
+            log.warning("e2e teardown left problems: %s", failed)
+
+
+@pytest.fixture
+def namespace(e2e: E2EEnv) -> Iterator[str]:
+    """A fresh namespace for the test's claims and pods, deleted afterwards (the driver then
+    releases whatever the test left)."""
+    name = e2e.new_namespace()
+    yield name
+    e2e.kube.delete_namespace(name)

@@ -1,0 +1,110 @@
+"""Randomized SIGKILLs of a controller under load, shared by the random-kill tests.
+
+A phase runs many CSI calls `concurrency` at a time, each retried until it succeeds as a CO
+retries it, while a killer thread SIGKILLs the driver at random points of the phase (a random
+number of completed calls, then a random few milliseconds, so kills land inside the calls in
+flight: in librbd, in journal writes, in lease renewals) and restarts it.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from cephcsi._generated import csi_pb2_grpc
+from tests.integration.controller.helpers import until_ok
+from tests.integration.driver import DriverProcess
+
+Call = Callable[[csi_pb2_grpc.ControllerStub], object]
+# Reconnect to the restarted driver quickly (gRPC's default backoff grows to minutes).
+CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 500),
+                   ("grpc.min_reconnect_backoff_ms", 50)]
+# FAILED_PRECONDITION is retried too, as a provisioner retries it: a driver killed inside
+# trash_move leaves its watch on the image until the OSD's watch timeout (30 s), and
+# DeleteVolume says so instead of pulling the image from under a possible user.
+ALSO_RETRIED = (grpc.StatusCode.FAILED_PRECONDITION,)
+
+
+@pytest.fixture
+def killable(config_file: str) -> Iterator[DriverProcess]:
+    """A controller with a short journal lease: a killed holder's lease lapses in 2 s."""
+    process = DriverProcess(config_file, mode="controller", args=["--journal-lock-timeout=2s"])
+    process.start()
+    try:
+        yield process
+    finally:
+        process.cleanup()
+
+
+class Progress:
+    """Completed calls of a phase, so kills are spread over it however fast it runs."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.finished = False
+        self.changed = threading.Condition()
+
+    def advance(self) -> None:
+        with self.changed:
+            self.done += 1
+            self.changed.notify_all()
+
+    def finish(self) -> None:
+        with self.changed:
+            self.finished = True
+            self.changed.notify_all()
+
+    def wait_for(self, count: int) -> bool:
+        with self.changed:
+            self.changed.wait_for(lambda: self.done >= count or self.finished, timeout=300)
+            return not self.finished
+
+
+def _killer(driver: DriverProcess, progress: Progress, thresholds: Sequence[int], jitter: float, kills: list[int]) -> None:
+    for threshold in thresholds:
+        if not progress.wait_for(threshold):
+            return
+        time.sleep(random.uniform(0, jitter))
+        assert driver.process is not None
+        driver.process.kill()  # not DriverProcess.kill: the callers' channel stays open
+        driver.process.wait()
+        kills.append(progress.done)
+        driver.start()
+
+
+def run_phase(
+    driver: DriverProcess,
+    calls: Sequence[Call],
+    kills_per_phase: int,
+    concurrency: int = 16,
+    deadline: float = 180,
+    jitter: float = 0.02,
+) -> tuple[list[object], list[int]]:
+    """Run `calls` with `kills_per_phase` random SIGKILLs; returns (results, completed-call
+    counts at each kill)."""
+    margin = max(1, len(calls) // 10)
+    thresholds = sorted(random.sample(range(margin, len(calls) - margin), kills_per_phase))
+    progress = Progress()
+    kills: list[int] = []
+    killer = threading.Thread(target=_killer, args=(driver, progress, thresholds, jitter, kills))
+
+    def run(call: Call, stub: csi_pb2_grpc.ControllerStub) -> object:
+        result = until_ok(lambda: call(stub), deadline=deadline, also=ALSO_RETRIED)
+        progress.advance()
+        return result
+
+    with grpc.insecure_channel(driver.endpoint, options=CHANNEL_OPTIONS) as channel:
+        stub = csi_pb2_grpc.ControllerStub(channel)
+        killer.start()
+        try:
+            with ThreadPoolExecutor(concurrency) as pool:
+                results = list(pool.map(lambda call: run(call, stub), calls))
+        finally:
+            progress.finish()
+            killer.join()
+    return results, kills

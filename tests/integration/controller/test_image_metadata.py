@@ -1,0 +1,50 @@
+"""--extra-create-metadata: the claim/PV names external-provisioner adds to CreateVolume's
+parameters end up as RBD image metadata under ceph-csi's key names, idempotently; ROX mount
+capabilities are accepted by CreateVolume."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cephcsi._generated import csi_pb2
+from tests.ceph.fixtures import CephTestCluster
+from tests.integration.controller.helpers import Mode, create_request, image_of, mount_cap
+from tests.integration.driver import DriverProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.ceph]
+
+OWNER = {"csi.storage.k8s.io/pvc/name": "data", "csi.storage.k8s.io/pvc/namespace": "shop",
+         "csi.storage.k8s.io/pv/name": "pvc-0b5c"}
+
+
+def image_meta(cluster: CephTestCluster, image: str) -> dict[str, str]:
+    out = cluster.admin("rbd", "image-meta", "list", "--format", "json", f"{cluster.pool}/{image}")
+    return dict(json.loads(out or "{}"))
+
+
+def test_owner_keys_become_image_metadata(driver: DriverProcess, ceph_cluster: CephTestCluster) -> None:
+    request = create_request(ceph_cluster, name="pvc-0b5c")
+    request.parameters.update(OWNER)
+    volume = driver.controller.CreateVolume(request).volume
+    image = image_of(volume.volume_id)
+    assert image_meta(ceph_cluster, image) == OWNER
+    # A retry (same name) finds the volume and rewrites nothing; the context never carries the keys.
+    assert driver.controller.CreateVolume(request).volume.volume_id == volume.volume_id
+    assert image_meta(ceph_cluster, image) == OWNER
+    assert not any(k.startswith("csi.storage.k8s.io/") for k in volume.volume_context)
+    driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume.volume_id, secrets=ceph_cluster.secrets))
+
+
+def test_without_the_flag_no_metadata(driver: DriverProcess, ceph_cluster: CephTestCluster) -> None:
+    volume = driver.controller.CreateVolume(create_request(ceph_cluster)).volume
+    assert image_meta(ceph_cluster, image_of(volume.volume_id)) == {}
+    driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume.volume_id, secrets=ceph_cluster.secrets))
+
+
+def test_read_only_many_filesystem_is_created(driver: DriverProcess, ceph_cluster: CephTestCluster) -> None:
+    request = create_request(ceph_cluster)
+    del request.volume_capabilities[:]
+    request.volume_capabilities.extend([mount_cap(), mount_cap(mode=Mode.MULTI_NODE_READER_ONLY)])
+    volume = driver.controller.CreateVolume(request).volume
+    driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume.volume_id, secrets=ceph_cluster.secrets))

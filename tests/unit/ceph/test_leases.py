@@ -1,0 +1,69 @@
+"""Journal leases: a lease whose object its holder removed needs no unlock round trip, and no
+renewal may land after the removal (it would recreate the object)."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import rados
+
+from cephcsi.ceph import omap
+from cephcsi.ceph.leases import KEEPER, LeaseKeeper
+
+pytestmark = pytest.mark.unit
+
+
+class FakeIoctx:
+    """The calls leases and omap.remove_object make, recorded."""
+
+    def __init__(self, fail_remove: bool = False) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.fail_remove = fail_remove
+
+    def lock_exclusive(self, obj: str, name: str, cookie: str, **kwargs: Any) -> None:
+        self.calls.append(("lock", obj))
+
+    def unlock(self, obj: str, name: str, cookie: str) -> None:
+        self.calls.append(("unlock", obj))
+
+    def remove_object(self, obj: str) -> None:
+        self.calls.append(("remove", obj))
+        if self.fail_remove:
+            raise rados.TimedOut("remove timed out")
+
+
+def test_removing_the_leased_object_skips_the_unlock() -> None:
+    io = FakeIoctx()
+    with KEEPER.hold(io, "csi.volume.a", "cephcsi.journal", 10) as held:  # type: ignore[arg-type]
+        assert held
+        omap.remove_object(io, "csi.volume.a")  # type: ignore[arg-type]
+    assert io.calls == [("lock", "csi.volume.a"), ("remove", "csi.volume.a")]
+
+
+def test_a_lease_on_an_object_not_removed_is_unlocked() -> None:
+    io = FakeIoctx()
+    with KEEPER.hold(io, "csi.volume.b", "cephcsi.journal", 10):  # type: ignore[arg-type]
+        omap.remove_object(io, "csi.volume.other")  # type: ignore[arg-type]
+    assert io.calls[-1] == ("unlock", "csi.volume.b")
+
+
+def test_a_failed_removal_still_unlocks() -> None:
+    io = FakeIoctx(fail_remove=True)
+    with pytest.raises(Exception):
+        with KEEPER.hold(io, "csi.volume.c", "cephcsi.journal", 10):  # type: ignore[arg-type]
+            omap.remove_object(io, "csi.volume.c")  # type: ignore[arg-type]
+    assert io.calls[-1] == ("unlock", "csi.volume.c")
+
+
+def test_no_renewal_after_the_removal_began() -> None:
+    keeper = LeaseKeeper()
+    io = FakeIoctx()
+    with keeper.hold(io, "csi.volume.d", "cephcsi.journal", 3) as held:  # type: ignore[arg-type]
+        assert held
+        with keeper.removing(io, "csi.volume.d"):  # type: ignore[arg-type]
+            pass
+        (lease,) = list(keeper._leases)
+        assert not lease.active and lease.removed
+        keeper._renew(lease)  # a renewal that comes due now does nothing
+    assert ("lock", "csi.volume.d") in io.calls and io.calls.count(("lock", "csi.volume.d")) == 1
+    assert ("unlock", "csi.volume.d") not in io.calls

@@ -1,0 +1,3 @@
+from decimal import Decimal
+
+def parse_quantity(quantity: str | int | float | Decimal) -> Decimal: ...
