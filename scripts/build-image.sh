@@ -125,6 +125,17 @@ ulimit_args() {
   printf '%s\n' --ulimit "nofile=$nofile:$nofile" --ulimit "nproc=$nproc:$nproc"
 }
 
+# runc, not podman's default crun: crun 1.8 (bookworm) refuses hosts with cgroups in hybrid mode
+# (v1 controllers plus a v2 mount, as here: "cgroups in hybrid mode not supported"), and runc is
+# the runtime the node's containerd uses anyway. Any other runtime on the PATH is a fallback.
+oci_runtime() {
+  local name
+  for name in runc crun; do
+    command -v "$name" >/dev/null && { printf '%s\n' "$name"; return; }
+  done
+  die "neither runc nor crun is installed (scripts/setup.sh installs runc: scripts/packages.sh test)"
+}
+
 [[ -n $image ]] || image=$(deploy_image)
 [[ -n $image ]] || die "cannot find the cephcsi image in deploy/kustomization.yaml; pass --image"
 image=$(qualify "$image")
@@ -144,6 +155,7 @@ if $dry_run; then
   printf 'image=%q\nbase=%q\nsuite=%q\noutput=%q\n' "$image" "$base_q" "$suite" "$output"
   exit 0
 fi
+runtime=$(oci_runtime)
 for tool in podman debootstrap tar flock; do
   command -v "$tool" >/dev/null || die "$tool is not installed (scripts/setup.sh installs it: scripts/packages.sh test)"
 done
@@ -204,7 +216,7 @@ printf '[global]\ncert = /root/cephcsi-build-ca.crt\n' >"$build_tmp/home/.config
 chmod -R a+rX "$build_tmp"
 log "podman build -t $image (base $base_q, OCI format)"
 t=$SECONDS
-podman build \
+podman --runtime "$runtime" build \
   --file "$REPO/Dockerfile" \
   --tag "$image" \
   --format oci \
@@ -217,7 +229,7 @@ podman build \
 log "build: $((SECONDS - t)) s"
 
 # ---- 3. checks inside the image ----------------------------------------------------------------
-podman run --rm --network none "${ulimits[@]}" --user 0 --entrypoint /bin/sh "$image" -c '
+podman --runtime "$runtime" run --rm --network none "${ulimits[@]}" --user 0 --entrypoint /bin/sh "$image" -c '
   set -e
   python -c "import rados, rbd, cephcsi._generated.csi_pb2; print(\"rados\", rados.Rados().version())"
   cephcsi --version

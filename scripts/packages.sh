@@ -64,9 +64,10 @@ for list in "$@"; do
       printf '%s\n' python3 python3-venv
       ;;
     test)
-      # A one-node Ceph cluster (tests/ceph/cluster.sh); podman and debootstrap build the
-      # image without a registry or a Docker daemon (scripts/build-image.sh).
-      printf '%s\n' ceph-mon ceph-mgr ceph-osd uuid-runtime procps podman debootstrap
+      # A one-node Ceph cluster (tests/ceph/cluster.sh); podman, runc and debootstrap build
+      # the image without a registry or a Docker daemon (scripts/build-image.sh; runc because
+      # podman's default crun refuses hosts with hybrid v1/v2 cgroups).
+      printf '%s\n' ceph-mon ceph-mgr ceph-osd uuid-runtime procps podman runc debootstrap
       ;;
     *)
       echo "packages.sh: unknown list '$list' (runtime, builder, test)" >&2
