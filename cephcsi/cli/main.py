@@ -89,6 +89,7 @@ def run(settings: Settings) -> int:
         # The default mapper decides whether volumes survive a plugin restart: choose it now,
         # so the start-up log and cephcsi_node_mapper_info show it before any volume is staged.
         resolve_at_start(services.node.service.choice)
+        services.node.service.loop_follower.start()
     lifetime = Lifetime()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -123,6 +124,8 @@ def run(settings: Settings) -> int:
         sidecars.stop()
     for server in services.servers:
         server.stop(settings.shutdown_grace)
+    if services.node is not None:
+        services.node.service.loop_follower.stop()
     if http is not None:
         http.stop()
     log.info("cephcsi stopped", extra=fields(exit_code=lifetime.exit_code))

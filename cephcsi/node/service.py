@@ -20,6 +20,7 @@ from cephcsi.node import devices, exec as node_exec, mounts, stage_record, stats
 from cephcsi.node.expander import NodeExpander, NodeExpandRequest
 from cephcsi.node.mappers.base import FUSE, KRBD, NBD, Mapper
 from cephcsi.node.mappers.fuse import FuseMapper
+from cephcsi.node.mappers.fuse_capacity import LoopCapacityFollower
 from cephcsi.node.mappers.krbd import KrbdMapper
 from cephcsi.node.mappers.nbd import NbdMapper
 from cephcsi.node.mappers.select import MapperChoice, NodeProbe, runner_modprobe
@@ -58,16 +59,17 @@ class NodeService:
         self.runner = runner
         self.labels = labels or KubeNodeLabels(config.kubeconfig)
         mounter = mounts.Mounter(runner, config.command_timeout)
+        fuse = FuseMapper(
+            runner, config.command_timeout, config.state_dir, config.connect_timeout,
+            devices.wait_for_device, config.device_timeout, mounter,
+        )
         self.mappers: dict[str, Mapper] = {
             KRBD: KrbdMapper(runner, config.command_timeout, devices.wait_for_device, config.device_timeout, devices.udev_running),
             NBD: NbdMapper(
                 runner, config.command_timeout, devices.wait_for_device, config.device_timeout,
                 log_dir=os.path.join(config.state_dir, "log"),
             ),
-            FUSE: FuseMapper(
-                runner, config.command_timeout, config.state_dir, config.connect_timeout,
-                devices.wait_for_device, config.device_timeout, mounter,
-            ),
+            FUSE: fuse,
         }
         self.choice = MapperChoice(config.mounter, probe or NodeProbe(modprobe=runner_modprobe(runner)))
         self.expander = NodeExpander(self.mappers, runner, config.command_timeout, min(config.device_timeout, 10.0))
@@ -77,6 +79,8 @@ class NodeService:
         self.volume_locks = KeyLocks("volume")
         self.path_locks = KeyLocks("path")
         self.backing_check = stats.BackingCheck()
+        self.loop_follower = LoopCapacityFollower(fuse.root, runner, config.command_timeout)
+        """Started by the process (cli.main), not here: tests build services without threads."""
 
     @contextmanager
     def _locked(self, volume_id: str, path: str) -> Iterator[None]:

@@ -4,6 +4,7 @@ then the node makes the loop device and the mounted filesystem follow, online, d
 from __future__ import annotations
 
 import os
+import time
 
 import grpc
 import pytest
@@ -94,6 +95,25 @@ def test_block_device_shows_the_new_size(env: NodeEnv, make_volume) -> None:  # 
     grow_image(env, volume, 96)
     assert node_expand(env, volume, target, 96, staging, cap) == 96 * MiB
     assert devices.size_bytes(target) == 96 * MiB
+    volume.unpublish(target)
+    volume.unstage(staging)
+
+
+def test_block_device_follows_the_image_without_a_node_step(env: NodeEnv, make_volume) -> None:  # type: ignore[no-untyped-def]
+    """ControllerExpandVolume answers node_expansion_required=false for Block, so the CO never
+    calls NodeExpandVolume for it: the loop device must follow the image by itself, as krbd and
+    rbd-nbd devices do (cephcsi.node.mappers.fuse_capacity)."""
+    volume: Volume = make_volume(64)
+    cap = block_cap()
+    staging, target = env.staging(), env.target()
+    volume.stage(staging, cap)
+    volume.publish(staging, target, cap)
+    grow_image(env, volume, 80)
+    deadline = time.monotonic() + 30
+    while devices.size_bytes(target) != 80 * MiB and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert devices.size_bytes(target) == 80 * MiB
+    assert "loop device grown to its image's size" in env.driver.log()
     volume.unpublish(target)
     volume.unstage(staging)
 
