@@ -7,7 +7,7 @@
 #
 # Prints the tar's path on its last line of stdout (progress goes to stderr). --dry-run
 # builds nothing and prints what it would use, as shell assignments (image=, base=, suite=,
-# output=), for harnesses and tests. Defaults:
+# output=, runtime=), for harnesses and tests. Defaults:
 #   --image   the image deploy/kustomization.yaml deploys (images: name cephcsi → newName:newTag),
 #             fully qualified as the kubelet resolves it: cephcsi:0.1.0 → docker.io/library/cephcsi:0.1.0
 #   --output  $CACHE/images/<name>-<tag>.tar
@@ -151,11 +151,11 @@ name_tag=${image##*/}
 [[ -n $output ]] || output="$CACHE/${name_tag/:/-}.tar"
 mapfile -t ulimits < <(ulimit_args)
 
+runtime=$(oci_runtime)
 if $dry_run; then
-  printf 'image=%q\nbase=%q\nsuite=%q\noutput=%q\n' "$image" "$base_q" "$suite" "$output"
+  printf 'image=%q\nbase=%q\nsuite=%q\noutput=%q\nruntime=%q\n' "$image" "$base_q" "$suite" "$output" "$runtime"
   exit 0
 fi
-runtime=$(oci_runtime)
 for tool in podman debootstrap tar flock; do
   command -v "$tool" >/dev/null || die "$tool is not installed (scripts/setup.sh installs it: scripts/packages.sh test)"
 done

@@ -38,6 +38,11 @@ def build_config() -> dict[str, str]:
     return dict(line.split("=", 1) for line in proc.stdout.splitlines())
 
 
+def podman() -> list[str]:
+    """podman with the OCI runtime the build script uses (see its oci_runtime)."""
+    return ["podman", "--runtime", build_config()["runtime"]]
+
+
 @pytest.fixture(scope="module")
 def image_tar() -> Path:
     for tool in ("podman", "debootstrap"):
@@ -62,7 +67,7 @@ def test_the_archive_is_a_docker_archive_named_as_deploy_expects(image_tar: Path
 @pytest.mark.timeout(1800)
 def test_the_image_runs_cephcsi_with_the_trixie_ceph_client(image_tar: Path) -> None:
     image = build_config()["image"]
-    inspect = json.loads(subprocess.run(["podman", "image", "inspect", image], capture_output=True, text=True,
+    inspect = json.loads(subprocess.run([*podman(), "image", "inspect", image], capture_output=True, text=True,
                                         timeout=60, check=True).stdout)[0]
     config = inspect["Config"]
     assert config["Entrypoint"] == ["cephcsi"]
@@ -74,7 +79,7 @@ def test_the_image_runs_cephcsi_with_the_trixie_ceph_client(image_tar: Path) -> 
         "test ! -e /etc/pip.conf && test ! -e /root/.config/pip"
     )
     proc = subprocess.run(
-        ["podman", "run", "--rm", "--network", "none", *ULIMITS, "--user", "0", "--entrypoint", "/bin/sh", image, "-c", script],
+        [*podman(), "run", "--rm", "--network", "none", *ULIMITS, "--user", "0", "--entrypoint", "/bin/sh", image, "-c", script],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -101,7 +106,7 @@ class ImageDriver(DriverProcess):
 
     def command(self) -> list[str]:
         return [
-            "podman", "run", "--rm", "--name", self.container, "--network", "host", *ULIMITS,
+            *podman(), "run", "--rm", "--name", self.container, "--network", "host", *ULIMITS,
             "-v", f"{self.workdir}:{self.workdir}", "-v", f"{self.config_file}:{self.config_file}:ro",
             self.image,
             f"--mode={self.mode}", f"--endpoint={self.endpoint}", f"--config-file={self.config_file}",
