@@ -7,18 +7,11 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING
-
-import grpc
 
 from cephcsi import __version__
-from cephcsi._generated import csi_pb2_grpc
 from cephcsi.cli.args import fail, parse_settings
+from cephcsi.cli.wiring import build_services
 from cephcsi.config.clusters import ClusterRegistry
-from cephcsi.csi.controller import ControllerServicer
-from cephcsi.csi.identity import IdentityOptions, IdentityServicer
-from cephcsi.csi.server import CSIServer
-from cephcsi.csi.services import Services
 from cephcsi.errors import CephCSIError
 from cephcsi.observability import logging as cephcsi_logging
 from cephcsi.observability.health import HealthRegistry, SocketProbe
@@ -26,39 +19,7 @@ from cephcsi.observability.http import HealthServer
 from cephcsi.observability.logging import fields
 from cephcsi.settings import Settings
 
-if TYPE_CHECKING:
-    from cephcsi.csi.node import NodeServicer
-
 log = logging.getLogger("cephcsi")
-
-
-def _services(settings: Settings, clusters: ClusterRegistry) -> Services:
-    identity = IdentityServicer(
-        IdentityOptions(
-            driver_name=settings.driver_name,
-            controller=settings.serves_controller,
-            topology=settings.serves_node and bool(settings.node.domain_labels),
-            online_expansion=settings.serves_controller,
-        )
-    )
-    main: list[Callable[[grpc.Server], None]] = [lambda s: csi_pb2_grpc.add_IdentityServicer_to_server(identity, s)]
-    controller_side: list[Callable[[grpc.Server], None]] = []
-    controller: ControllerServicer | None = None
-    node: NodeServicer | None = None
-    if settings.serves_controller:
-        controller = ControllerServicer.from_settings(settings, clusters)
-        register = lambda s: csi_pb2_grpc.add_ControllerServicer_to_server(controller, s)  # noqa: E731
-        (controller_side if settings.controller_endpoint else main).append(register)
-    if settings.serves_node:
-        from cephcsi.csi.node import NodeServicer  # the node stack (pyudev, mappers) only where needed
-
-        node = NodeServicer.from_settings(settings, clusters)
-        main.append(lambda s: csi_pb2_grpc.add_NodeServicer_to_server(node, s))
-    servers = [CSIServer(settings.endpoint, settings.grpc_workers, main)]
-    if controller_side:
-        controller_side.insert(0, lambda s: csi_pb2_grpc.add_IdentityServicer_to_server(identity, s))
-        servers.append(CSIServer(settings.controller_endpoint, settings.grpc_workers, controller_side))
-    return Services(identity, controller, node, servers)
 
 
 class Lifetime:
@@ -82,7 +43,7 @@ class Lifetime:
 
 def run(settings: Settings) -> int:
     clusters = ClusterRegistry(settings.config_file)
-    services = _services(settings, clusters)
+    services = build_services(settings, clusters)
     if services.node is not None:
         from cephcsi.node.mappers.select import resolve_at_start
 

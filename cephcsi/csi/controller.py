@@ -2,19 +2,14 @@
 from __future__ import annotations
 
 from cephcsi._generated import csi_pb2, csi_pb2_grpc
-from cephcsi.ceph.connection import ConnectionCache
 from cephcsi.ceph.credentials import Credentials
-from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.csi.capabilities import check_well_formed, require_supported, unsupported_reason
 from cephcsi.csi.rpc import ServicerBase, rpc
 from cephcsi.csi.snapshots import SnapshotRpcs, content_source, content_source_message
 from cephcsi.errors import InvalidArgument
-from cephcsi.settings import Settings
 from cephcsi.volumes import expansion
 from cephcsi.volumes import metadata as image_owner
 from cephcsi.volumes.capacity import choose_size
-from cephcsi.volumes.clones import Cloner
-from cephcsi.volumes.flatten import FlattenPolicy
 from cephcsi.volumes.manager import CreateRequest, VolumeManager
 from cephcsi.volumes.parameters import VolumeParameters
 from cephcsi.volumes.snapshots import SnapshotManager
@@ -28,27 +23,12 @@ MAX_NAME_LENGTH = 255
 class ControllerServicer(SnapshotRpcs, ServicerBase, csi_pb2_grpc.ControllerServicer):
     service_name = "Controller"
 
-    def __init__(self, volumes: VolumeManager, driver_name: str, slow_call_seconds: float = 10.0) -> None:
+    def __init__(self, volumes: VolumeManager, driver_name: str, slow_call_seconds: float = 10.0,
+                 snapshots: SnapshotManager | None = None) -> None:
         self.volumes = volumes
         self.driver_name = driver_name
         self.slow_call_seconds = slow_call_seconds
-
-    @classmethod
-    def from_settings(cls, settings: Settings, clusters: ClusterRegistry) -> ControllerServicer:
-        manager = VolumeManager(
-            clusters,
-            ConnectionCache(settings.ceph),
-            settings.instance_id,
-            journal_lock_seconds=settings.ceph.journal_lock_seconds,
-            inline_purge_seconds=settings.ceph.inline_purge_seconds,
-        )
-        servicer = cls(manager, settings.driver_name, settings.slow_call_seconds)
-        snap = settings.snapshots
-        policy = FlattenPolicy(snap.soft_max_clone_depth, snap.hard_max_clone_depth,
-                               snap.min_snapshots_on_image, snap.max_snapshots_on_image)
-        manager.cloner = Cloner(policy, settings.instance_id, settings.ceph.journal_lock_seconds)
-        servicer.snapshots = SnapshotManager(manager, policy)
-        return servicer
+        self.snapshots = snapshots
 
     @rpc
     def CreateVolume(self, request: csi_pb2.CreateVolumeRequest, context: object) -> csi_pb2.CreateVolumeResponse:

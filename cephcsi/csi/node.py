@@ -17,7 +17,7 @@ from cephcsi.errors import InvalidArgument, NotFound
 from cephcsi.node.expander import NodeExpandRequest
 from cephcsi.node.paths import check_path, check_volume_id, nested
 from cephcsi.node.requests import PublishRequest, StageRequest, VolumeAccess
-from cephcsi.node.service import NodeConfig, NodeService
+from cephcsi.node.service import NodeService
 from cephcsi.node import ownership, volume_source
 from cephcsi.node.stage_record import ACCESS_BLOCK, ACCESS_MOUNT, ImageSpec
 from cephcsi.settings import Settings
@@ -52,24 +52,6 @@ class NodeServicer(ServicerBase, csi_pb2_grpc.NodeServicer):
         self.driver_name = settings.driver_name
         self.slow_call_seconds = settings.slow_call_seconds
         self.kubelet_dir = settings.node.kubelet_dir
-
-    @classmethod
-    def from_settings(cls, settings: Settings, clusters: ClusterRegistry) -> NodeServicer:
-        node = settings.node
-        config = NodeConfig(
-            node_id=node.node_id,
-            driver_name=settings.driver_name,
-            kubelet_dir=node.kubelet_dir,
-            state_dir=node.state_dir,
-            mounter=node.mounter,
-            domain_labels=node.domain_labels,
-            max_volumes_per_node=node.max_volumes_per_node,
-            device_timeout=node.device_timeout,
-            command_timeout=node.command_timeout,
-            connect_timeout=settings.ceph.mount_timeout,
-            kubeconfig=settings.sidecars.kubeconfig,
-        )
-        return cls(NodeService(config), clusters, settings)
 
     # -- staging -----------------------------------------------------------------------------
 

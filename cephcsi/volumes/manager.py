@@ -69,6 +69,7 @@ class VolumeManager:
         instance_id: str,
         journal_lock_seconds: float = 10.0,
         inline_purge_seconds: float = 20.0,
+        cloner: clones.Cloner | None = None,
     ) -> None:
         self.clusters = clusters
         self.connections = connections
@@ -77,8 +78,8 @@ class VolumeManager:
         self.name_locks = KeyLocks("volume name")
         self.id_locks = KeyLocks("volume")
         self.inline_purges = trash.InlinePurges(inline_purge_seconds)
-        self.cloner: clones.Cloner | None = None
-        """Set when snapshots and clones are enabled (the controller wires it)."""
+        self.cloner = cloner
+        """None when snapshots and clones are not enabled."""
 
     def _journal(self, io: rados.Ioctx) -> Journal:
         return Journal(io, self.instance_id, VOLUMES, lock_seconds=self.journal_lock_seconds)

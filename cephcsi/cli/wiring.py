@@ -1,0 +1,96 @@
+"""The composition root: settings → the objects a process serves, built in one place.
+
+Servicers and managers take their collaborators as arguments and never read Settings
+themselves, so tests build them from parts and this module is the only one that knows how a
+running driver is assembled.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import grpc
+
+from cephcsi._generated import csi_pb2_grpc
+from cephcsi.ceph.connection import ConnectionCache
+from cephcsi.config.clusters import ClusterRegistry
+from cephcsi.csi.controller import ControllerServicer
+from cephcsi.csi.identity import IdentityOptions, IdentityServicer
+from cephcsi.csi.server import CSIServer
+from cephcsi.csi.services import Services
+from cephcsi.settings import Settings
+from cephcsi.volumes.clones import Cloner
+from cephcsi.volumes.flatten import FlattenPolicy
+from cephcsi.volumes.manager import VolumeManager
+from cephcsi.volumes.snapshots import SnapshotManager
+
+if TYPE_CHECKING:
+    from cephcsi.csi.node import NodeServicer
+
+Register = Callable[[grpc.Server], None]
+
+
+def build_controller(settings: Settings, clusters: ClusterRegistry) -> ControllerServicer:
+    snap = settings.snapshots
+    policy = FlattenPolicy(snap.soft_max_clone_depth, snap.hard_max_clone_depth,
+                           snap.min_snapshots_on_image, snap.max_snapshots_on_image)
+    manager = VolumeManager(
+        clusters,
+        ConnectionCache(settings.ceph),
+        settings.instance_id,
+        journal_lock_seconds=settings.ceph.journal_lock_seconds,
+        inline_purge_seconds=settings.ceph.inline_purge_seconds,
+        cloner=Cloner(policy, settings.instance_id, settings.ceph.journal_lock_seconds),
+    )
+    return ControllerServicer(manager, settings.driver_name, settings.slow_call_seconds,
+                              snapshots=SnapshotManager(manager, policy))
+
+
+def build_node(settings: Settings, clusters: ClusterRegistry) -> NodeServicer:
+    # The node stack (pyudev, mappers) is imported only where it is served.
+    from cephcsi.csi.node import NodeServicer
+    from cephcsi.node.service import NodeConfig, NodeService
+
+    node = settings.node
+    config = NodeConfig(
+        node_id=node.node_id,
+        driver_name=settings.driver_name,
+        kubelet_dir=node.kubelet_dir,
+        state_dir=node.state_dir,
+        mounter=node.mounter,
+        domain_labels=node.domain_labels,
+        max_volumes_per_node=node.max_volumes_per_node,
+        device_timeout=node.device_timeout,
+        command_timeout=node.command_timeout,
+        connect_timeout=settings.ceph.mount_timeout,
+        kubeconfig=settings.sidecars.kubeconfig,
+    )
+    return NodeServicer(NodeService(config), clusters, settings)
+
+
+def build_services(settings: Settings, clusters: ClusterRegistry) -> Services:
+    """The servicers of this process's mode and the servers (sockets) that serve them."""
+    identity = IdentityServicer(
+        IdentityOptions(
+            driver_name=settings.driver_name,
+            controller=settings.serves_controller,
+            topology=settings.serves_node and bool(settings.node.domain_labels),
+            online_expansion=settings.serves_controller,
+        )
+    )
+    main: list[Register] = [lambda s: csi_pb2_grpc.add_IdentityServicer_to_server(identity, s)]
+    controller_side: list[Register] = []
+    controller: ControllerServicer | None = None
+    node: NodeServicer | None = None
+    if settings.serves_controller:
+        controller = build_controller(settings, clusters)
+        register: Register = lambda s: csi_pb2_grpc.add_ControllerServicer_to_server(controller, s)  # noqa: E731
+        (controller_side if settings.controller_endpoint else main).append(register)
+    if settings.serves_node:
+        node = build_node(settings, clusters)
+        main.append(lambda s: csi_pb2_grpc.add_NodeServicer_to_server(node, s))
+    servers = [CSIServer(settings.endpoint, settings.grpc_workers, main)]
+    if controller_side:
+        controller_side.insert(0, lambda s: csi_pb2_grpc.add_IdentityServicer_to_server(identity, s))
+        servers.append(CSIServer(settings.controller_endpoint, settings.grpc_workers, controller_side))
+    return Services(identity, controller, node, servers)
