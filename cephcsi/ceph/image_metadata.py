@@ -29,12 +29,14 @@ def read(io: rados.Ioctx, name: str) -> dict[str, str]:
             return {}
 
 
-def ensure(io: rados.Ioctx, name: str, wanted: Mapping[str, str]) -> None:
+def ensure(io: rados.Ioctx, name: str, wanted: Mapping[str, str], known_empty: bool = False) -> None:
     """Make each key of `wanted` hold its value; other keys are left alone. Idempotent: keys
-    that already hold the value are not written (a retried CreateVolume writes nothing)."""
+    that already hold the value are not written (a retried CreateVolume writes nothing).
+    `known_empty`: the caller just created the image, so the read (an image open) is skipped."""
     if not wanted:
         return
-    missing = {k: v for k, v in wanted.items() if read(io, name).get(k) != v}
+    current = {} if known_empty else read(io, name)
+    missing = {k: v for k, v in wanted.items() if current.get(k) != v}
     if not missing:
         return
     with ceph_call("set image metadata", f"image {name!r}"):

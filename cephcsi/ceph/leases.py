@@ -26,8 +26,16 @@ from cephcsi.observability.logging import fields
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Fill:
+    """omap values to write together with taking the lease, unless `guard_key` is present."""
+
+    guard_key: str
+    values: dict[str, str]
+
+
 @dataclass(eq=False)
-class _Lease:
+class Lease:
     io: rados.Ioctx
     obj: str
     name: str
@@ -38,28 +46,43 @@ class _Lease:
     active: bool = True
     removed: bool = False
     """The holder removed the locked object under the lease: the lock went with it."""
+    filled: bool = False
+    """The Fill asked for was written by the same op that took the lease."""
+    on_release: dict[str, str] = field(default_factory=dict)
+    """omap values the holder wants written by the op that releases the lease (one round trip
+    for both); dropped if the lease was lost meanwhile."""
 
 
 class LeaseKeeper:
     """Renews held leases at a third of their duration; one daemon thread, started lazily."""
 
     def __init__(self) -> None:
-        self._leases: set[_Lease] = set()
+        self._leases: set[Lease] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     @contextmanager
-    def hold(self, io: rados.Ioctx, obj: str, name: str, seconds: float) -> Iterator[bool]:
-        """Yields False (and holds nothing) when another holder has the lease."""
+    def hold(self, io: rados.Ioctx, obj: str, name: str, seconds: float, fill: Fill | None = None) -> Iterator[Lease | None]:
+        """Yields the lease, or None (holding nothing) when another holder has it.
+
+        With `fill`, the lease and the fill are one write op when the guard key is absent (the
+        common case: a record this call reserved), else the lease alone (`Lease.filled` says)."""
         cookie = uuidlib.uuid4().hex
-        if not omap.try_lock(io, obj, name, cookie, seconds):
-            yield False
+        filled = False
+        if fill is not None:
+            outcome = omap.try_lock_and_fill(io, obj, name, cookie, seconds, fill.guard_key, fill.values)
+            if outcome == "busy":
+                yield None
+                return
+            filled = outcome == "filled"
+        if not filled and not omap.try_lock(io, obj, name, cookie, seconds):
+            yield None
             return
-        lease = _Lease(io, obj, name, cookie, seconds, time.monotonic() + seconds / 3)
+        lease = Lease(io, obj, name, cookie, seconds, time.monotonic() + seconds / 3, filled=filled)
         self._add(lease)
         try:
-            yield True
+            yield lease
         finally:
             with lease.guard:  # never unlock (or let the caller close `io`) mid-renewal
                 lease.active = False
@@ -69,7 +92,13 @@ class LeaseKeeper:
             # the removal (one atomic op) already released it; an unlock would only get ENOENT.
             # If someone recreated and locked the object since, our cookie is not theirs and an
             # unlock would change nothing either, so skipping it is equivalent.
-            if not lease.removed:
+            if lease.removed:
+                pass
+            elif lease.on_release:
+                if not omap.update_and_unlock(io, obj, lease.on_release, name, cookie):
+                    log.warning("a journal lease was lost before its release; values not written",
+                                extra=fields(object=obj, keys=sorted(lease.on_release)))
+            else:
                 omap.unlock(io, obj, name, cookie)
 
     @contextmanager
@@ -87,7 +116,7 @@ class LeaseKeeper:
         for lease in held:
             lease.removed = True
 
-    def _add(self, lease: _Lease) -> None:
+    def _add(self, lease: Lease) -> None:
         with self._lock:
             self._leases.add(lease)
             if self._thread is None:
@@ -104,7 +133,7 @@ class LeaseKeeper:
                 self._renew(lease)
 
     @staticmethod
-    def _renew(lease: _Lease) -> None:
+    def _renew(lease: Lease) -> None:
         with lease.guard:
             if not lease.active:
                 return

@@ -35,21 +35,26 @@ parent read-write for a moment while it purges one of its children (measured: te
 that watch must not fail the delete. A real user (a mapped image) still fails after this."""
 
 
-def require_unused(io: rados.Ioctx, name: str) -> None:
-    """trash.require_unused, tolerating the brief watch of a child purge on a parent."""
+def require_unused(io: rados.Ioctx, name: str) -> list[layering.SnapInfo]:
+    """trash.require_unused, tolerating the brief watch of a child purge on a parent; the
+    image's snapshots as the same read-only open saw them, for `defer_if_parent` (one open of
+    about 12 RADOS operations serves both checks; [] when the image is gone)."""
     deadline = time.monotonic() + PARENT_WATCH_WAIT
     while time.monotonic() < deadline:
-        with ceph_call("list image watchers", f"image {name!r}"):
+        with ceph_call("list image watchers and snapshots", f"image {name!r}"):
             try:
                 with rbd.Image(io, name, read_only=True) as image:
-                    if not list(image.watchers_list()):
-                        return
-                    if not layering.list_snaps(image):
-                        break  # not a parent: no purge of a child explains the watch
+                    watchers = list(image.watchers_list())
+                    snaps = layering.list_snaps(image)
             except rbd.ImageNotFound:
-                return
+                return []
+        if not watchers:
+            return snaps
+        if not snaps:
+            break  # not a parent: no purge of a child explains the watch
         time.sleep(0.1)
     trash.require_unused(io, name)
+    return snaps
 
 
 def _remove_to_trash(io: rados.Ioctx, name: str) -> None:
@@ -69,17 +74,12 @@ def _ours(snap_name: str, image_name: str) -> bool:
     return snap_name.startswith(layering.TEMP_SNAP_PREFIX) or snap_name == image_name
 
 
-def defer_if_parent(io: rados.Ioctx, state: ImageState) -> bool:
-    """For a live image: drop the driver's snapshots on it; if clones still read through it,
-    move it to the trash for librbd to purge after them and return True (nothing else to do).
-    False: no dependents, delete it the usual way."""
+def defer_if_parent(io: rados.Ioctx, state: ImageState, snaps: list[layering.SnapInfo]) -> bool:
+    """For a live image whose snapshots are `snaps` (from `require_unused`, under the volume's
+    journal lease, so no call of ours adds one meanwhile): drop the driver's snapshots on it; if
+    clones still read through it, move it to the trash for librbd to purge after them and
+    return True (nothing else to do). False: no dependents, delete it the usual way."""
     name = state.name
-    with ceph_call("list image snapshots", f"image {name!r}"):
-        try:
-            with rbd.Image(io, name, read_only=True) as image:
-                snaps = layering.list_snaps(image)
-        except rbd.ImageNotFound:
-            return False
     if not snaps:
         return False
     user = [s for s in snaps if s.namespace == 0]

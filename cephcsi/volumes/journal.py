@@ -30,12 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import rados
 
 from cephcsi.ceph import omap
-from cephcsi.ceph.leases import KEEPER
+from cephcsi.ceph.leases import KEEPER, Fill, Lease
 from cephcsi.errors import Internal, OperationInFlight
 
 LOCK_NAME = "cephcsi.journal"
@@ -72,6 +72,33 @@ class Record:
         return dict(self.extra).get(key, default)
 
 
+@dataclass(frozen=True)
+class Claim:
+    """The values of a new record: what `claim_record` writes."""
+
+    name: str
+    image_name: str
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What `Journal.locked` yields."""
+
+    lease: Lease
+    claimed: Record | None
+    """The record, when the `claim` was written by the op that took the hold (else None: call
+    `claim_record`, which also handles a record that exists)."""
+
+    def set_image_id_on_release(self, image_id: str) -> None:
+        """Journal the image id in the op that releases the hold (one round trip for both).
+
+        Only where nothing between here and the release depends on the id being stored: a
+        crash before the release leaves the id unjournaled, which a retried create and every
+        delete (cephcsi.ceph.imagestate finds the id before anything moves the image) handle."""
+        self.lease.on_release[IMAGE_ID] = image_id
+
+
 class Journal:
     """Journal operations within one pool (and rados namespace) for one driver instance."""
 
@@ -82,19 +109,30 @@ class Journal:
         self.lock_seconds = lock_seconds
 
     @contextmanager
-    def locked(self, uuid: str) -> Iterator[None]:
+    def locked(self, uuid: str, claim: Claim | None = None) -> Iterator[Hold]:
         """Exclusive, cross-process hold on one volume's journal entry and image.
 
         Creates the record object if it is missing (cls_lock does): callers check the record
-        afterwards and `discard_orphan` one that nothing points to."""
+        afterwards and `discard_orphan` one that nothing points to. With `claim` (for a uuid
+        this call just reserved, whose record cannot exist yet) the record is written by the
+        same op that takes the hold — see `Hold.claimed`."""
         obj = self._record_object(uuid)
-        with KEEPER.hold(self.io, obj, LOCK_NAME, self.lock_seconds) as held:
-            if not held:
+        fill = None
+        if claim is not None:
+            fill = Fill(self.kind.name_field, self._record_values(claim))
+        with KEEPER.hold(self.io, obj, LOCK_NAME, self.lock_seconds, fill) as lease:
+            if lease is None:
                 raise OperationInFlight(
                     f"another operation on journal entry {obj} is in progress (in this or another driver process, "
                     f"or one that was killed: its hold lapses within {self.lock_seconds:g}s); retry later"
                 )
-            yield
+            claimed = None
+            if claim is not None and lease.filled:
+                claimed = Record(uuid, claim.name, claim.image_name, extra=tuple(sorted(claim.extra.items())))
+            yield Hold(lease, claimed)
+
+    def _record_values(self, claim: Claim) -> dict[str, str]:
+        return {self.kind.name_field: claim.name, IMAGE_NAME: claim.image_name, **claim.extra}
 
     def _name_key(self, name: str) -> str:
         return f"{self.kind.name_key_prefix}{name}"
@@ -127,7 +165,7 @@ class Journal:
         Call under `locked(uuid)`, after checking the name still points at `uuid`. What is
         returned is what RADOS holds — what this call just wrote under the lease, or the record
         read back — never made up: if the record vanished, that is an error, not a success."""
-        values = {self.kind.name_field: name, IMAGE_NAME: image_name, **(extra or {})}
+        values = self._record_values(Claim(name, image_name, extra or {}))
         obj = self._record_object(uuid)
         # The lease created the object; the guarded write fills it unless a record is there.
         if omap.set_unless_key(self.io, obj, self.kind.name_field, values):

@@ -22,7 +22,7 @@ from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import clones, dependents, failpoints
 from cephcsi.volumes.capacity import fits
-from cephcsi.volumes.journal import VOLUMES, Journal, Record
+from cephcsi.volumes.journal import VOLUMES, Claim, Journal, Record
 from cephcsi.volumes.parameters import VolumeParameters
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
@@ -97,23 +97,27 @@ class VolumeManager:
                     uuid = journal.reserve(request.name, proposed)
                     fresh = uuid == proposed
                     failpoints.reach("create.after-reserve")
-                    with journal.locked(uuid):
-                        # A uuid this call just reserved is known to nobody else, so no delete
-                        # can have released it; an adopted one is checked again under the lock.
+                    claim = Claim(request.name, f"{params.name_prefix}{uuid}", clones.record_values(request.source))
+                    # A uuid this call just reserved is known to nobody else, so no delete can
+                    # have released it and its record cannot exist yet: the hold writes it.
+                    with journal.locked(uuid, claim if fresh else None) as hold:
+                        # An adopted uuid is checked again under the lock.
                         if not fresh and journal.lookup(request.name) != uuid:
                             journal.discard_orphan(uuid)
                             continue
-                        record = journal.claim_record(uuid, request.name, f"{params.name_prefix}{uuid}",
-                                                      clones.record_values(request.source))
+                        record = hold.claimed or journal.claim_record(uuid, claim.name, claim.image_name, claim.extra)
                         failpoints.reach("create.after-record")
+                        made = False
                         if self.cloner is not None and (request.source is not None or clones.has_source(record)):
                             image_id, size = self.cloner.ensure(session, io, request, record)
                         else:
-                            image_id, size = self._ensure_image(io, request, record.image_name, maybe_exists=not fresh)
+                            image_id, size, made = self._ensure_image(io, request, record.image_name, maybe_exists=not fresh)
+                        # A new image has no metadata to read first.
+                        image_metadata.ensure(io, record.image_name, request.metadata, known_empty=made)
                         if record.image_id != image_id:
-                            journal.set_image_id(uuid, image_id)
-                        # After the image id is journaled: a crash here leaves a volume whose retry sets it.
-                        image_metadata.ensure(io, record.image_name, request.metadata)
+                            # Written with the lease's release: a crash before it leaves the
+                            # id unjournaled, which a retry and every delete handle.
+                            hold.set_image_id_on_release(image_id)
                         return Volume(
                             volume_id=VolumeId(params.cluster_id, io.get_pool_id(), uuid),
                             size=size,
@@ -122,8 +126,10 @@ class VolumeManager:
                         )
                 raise OperationInFlight(f"volume {request.name!r} is being deleted concurrently; retry")
 
-    def _ensure_image(self, io: rados.Ioctx, request: CreateRequest, name: str, maybe_exists: bool = True) -> tuple[str, int]:
-        """(image id, size) of the volume's image, creating it when it does not exist yet.
+    def _ensure_image(self, io: rados.Ioctx, request: CreateRequest, name: str,
+                      maybe_exists: bool = True) -> tuple[str, int, bool]:
+        """(image id, size, made by this call) of the volume's image, creating it when it does
+        not exist yet.
 
         `maybe_exists` is False for a name reserved by this very call: nothing can have made its
         image yet, so the existence probe is skipped (create still handles a taken name)."""
@@ -133,13 +139,13 @@ class VolumeManager:
             log.info("creating image", extra=fields(image=name, pool=params.pool, bytes=request.size))
             image_id = images.create(io, name, request.size, params.features, params.data_pool)
             failpoints.reach("create.after-image")
-            return image_id, request.size
+            return image_id, request.size, True
         if not fits(info.size, request.required_bytes, request.limit_bytes):
             raise AlreadyExists(
                 f"volume {request.name!r} already exists with {info.size} bytes, which does not fit the "
                 f"requested range [{request.required_bytes}, {request.limit_bytes or 'unbounded'}]"
             )
-        return info.image_id, info.size
+        return info.image_id, info.size, False
 
     def delete(self, volume_id_text: str, secrets: Mapping[str, str]) -> None:
         """Delete the volume; a volume (or pool) that is already gone counts as deleted.
@@ -199,9 +205,9 @@ class VolumeManager:
                 "run `cephcsi audit` to inspect it"
             )
         if state.live:
-            dependents.require_unused(io, record.image_name)
+            snaps = dependents.require_unused(io, record.image_name)
             # Snapshots or clones still read through it: librbd purges it after them.
-            if dependents.defer_if_parent(io, state):
+            if dependents.defer_if_parent(io, state, snaps):
                 return
         trash.move(io, state)
         failpoints.reach("delete.after-trash")

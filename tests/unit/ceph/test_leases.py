@@ -67,3 +67,13 @@ def test_no_renewal_after_the_removal_began() -> None:
         keeper._renew(lease)  # a renewal that comes due now does nothing
     assert ("lock", "csi.volume.d") in io.calls and io.calls.count(("lock", "csi.volume.d")) == 1
     assert ("unlock", "csi.volume.d") not in io.calls
+
+
+def test_cls_lock_requests_are_encoded_as_ceph_does() -> None:
+    # ENCODE_START(1, 1) + u32 length, then the fields (src/cls/lock/cls_lock_ops.h).
+    body = (b"\x04\x00\x00\x00name" + b"\x01" + b"\x02\x00\x00\x00ck" + b"\x00\x00\x00\x00"
+            + b"\x07\x00\x00\x00cephcsi" + b"\x0a\x00\x00\x00" + b"\x00\x00\x00\x00" + b"\x00")
+    assert omap.lock_request("name", "ck", 10.5) == b"\x01\x01" + len(body).to_bytes(4, "little") + body
+    assert omap.lock_request("n", "c", 0.2)[-9:-5] == b"\x01\x00\x00\x00", "at least one second"
+    unlock = b"\x04\x00\x00\x00name\x02\x00\x00\x00ck"
+    assert omap.unlock_request("name", "ck") == b"\x01\x01" + len(unlock).to_bytes(4, "little") + unlock
