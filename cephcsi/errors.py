@@ -7,6 +7,9 @@ They never contain secrets.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence, Set
+from dataclasses import dataclass
+
 import grpc
 
 
@@ -107,3 +110,32 @@ def status_of(error: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(error, CephCSIError):
         return error.code, error.message
     return grpc.StatusCode.INTERNAL, f"internal error ({type(error).__name__}); see the driver log"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of a translation table from a foreign failure to this hierarchy.
+
+    Every translator (Ceph bindings by errno, the rbd and rbd-fuse tools by errno and stderr)
+    is a table of these, read top to bottom: the first row whose conditions all hold wins.
+    An empty condition holds for anything, so a last row with neither is the fallback."""
+
+    error: type[CephCSIError]
+    message: str
+    """str.format template over the translator's named fields (what failed, on which object…)."""
+    errnos: frozenset[int] = frozenset()
+    """Holds when the failure carries one of these errnos."""
+    phrases: tuple[str, ...] = ()
+    """Holds when the failure's lower-cased text contains one of these."""
+
+    def matches(self, errnos: Set[int], text: str) -> bool:
+        return ((not self.errnos or bool(self.errnos & errnos))
+                and (not self.phrases or any(phrase in text for phrase in self.phrases)))
+
+
+def translate_by(table: Sequence[Rule], errnos: Set[int], text: str, **names: object) -> CephCSIError | None:
+    """The error of the first matching row, its message filled from `names`; None if none does."""
+    for rule in table:
+        if rule.matches(errnos, text):
+            return rule.error(rule.message.format(**names))
+    return None

@@ -104,42 +104,35 @@ def _stop(r: Running) -> None:
             r.popen.wait(timeout=10)
 
 
-def run(env: Environment) -> SectionResult:
-    result = SectionResult(name=NAME, title=TITLE)
-    built = _build(env)
-    wanted = [b for b in built if b.name in CONTROLLER_SIDE or b.name == "csi-node-driver-registrar"]
-    ok = [b for b in wanted if b.path]
-    if not ok:
-        result.status, result.reason = "skipped", "no Go sidecar could be built: " + "; ".join(
-            f"{b.name}: {b.error}" for b in wanted)
-        return result
+def _start_plane(ok: list[Built]) -> tuple[Any, str]:
+    """The control plane, when a sidecar needs one; (plane or None, why it did not start)."""
+    if not any(b.name in NEEDS_KUBE for b in ok):
+        return None, ""
+    try:
+        from tests.controlplane.cluster import start_control_plane
 
+        return start_control_plane(), ""
+    except Exception as error:  # noqa: BLE001 - measure what needs no apiserver
+        kube_error = f"{type(error).__name__}: {str(error)[:200]}"
+        log.warning("control plane did not start: %s", kube_error)
+        return None, kube_error
+
+
+def _sample_sidecars(env: Environment, ok: list[Built]) -> tuple[list[Running], str]:
+    """Start each built sidecar, let it settle, sample it, stop it; (the runs, control-plane error)."""
     controller = env.controller()
     workdir = env.workdir / "sidecars"
     workdir.mkdir(exist_ok=True)
-    plane = None
-    kube_error = ""
-    if any(b.name in NEEDS_KUBE for b in ok):
-        try:
-            from tests.controlplane.cluster import start_control_plane
-
-            plane = start_control_plane()
-        except Exception as error:  # noqa: BLE001 - measure what needs no apiserver
-            kube_error = f"{type(error).__name__}: {str(error)[:200]}"
-            log.warning("control plane did not start: %s", kube_error)
-
+    plane, kube_error = _start_plane(ok)
     running: list[Running] = []
-    table = Table(columns=["process", "version", "VmRSS MiB", "VmHWM MiB", "CPU s", "threads", "note"])
-    data: dict[str, Any] = {"settle_s": env.options.sidecar_settle_s, "sidecars": {}}
     try:
         for b in ok:
             if b.name in NEEDS_KUBE and plane is None:
                 continue
-            # The registrar belongs beside the node plugin; it is started against the node socket when
-            # the node plugin runs, else against the controller socket (it only needs GetPluginInfo).
-            sock = controller.socket
+            # The registrar belongs beside the node plugin; it is started against the controller
+            # socket here (it only needs GetPluginInfo).
             kubeconfig = str(plane.kubeconfig) if plane is not None else ""
-            running.append(_start(b, _argv(b, sock, kubeconfig, workdir), workdir))
+            running.append(_start(b, _argv(b, controller.socket, kubeconfig, workdir), workdir))
         time.sleep(env.options.sidecar_settle_s)
         for r in running:
             if r.popen.poll() is None:
@@ -149,43 +142,72 @@ def run(env: Environment) -> SectionResult:
             _stop(r)
         if plane is not None:
             plane.stop()
+    return running, kube_error
 
-    total_rss = total_hwm = 0
-    measured = []
-    for b in wanted:
-        found = next((x for x in running if x.built is b), None)
-        if not b.path:
-            table.add(b.name, b.version, "—", "—", "—", "—", f"not built: {b.error[:90]}")
-            data["sidecars"][b.name] = {"built": False, "error": b.error}
-        elif found is None:
-            table.add(b.name, b.version, "—", "—", "—", "—", f"pending: needs the control plane ({kube_error[:80]})")
-            data["sidecars"][b.name] = {"built": True, "measured": False, "error": kube_error}
-        elif not found.samples:
-            tail = found.log_path.read_text(errors="replace")[-300:].strip().replace("\n", " | ")
-            table.add(b.name, b.version, "—", "—", "—", "—", f"exited {found.popen.returncode}: {tail[-90:]}")
-            data["sidecars"][b.name] = {"built": True, "measured": False, "exit": found.popen.returncode, "log": tail}
-        else:
-            s = found.samples[-1]
-            note = "against our controller socket" + (" + kube-apiserver" if b.name in NEEDS_KUBE else "")
-            table.add(b.name, b.version, report.mib(s.rss_bytes), report.mib(s.hwm_bytes), report.num(s.cpu_s, 2),
-                      s.threads, note)
-            log_tail = found.log_path.read_text(errors="replace").strip().splitlines()[-6:]
-            data["sidecars"][b.name] = {"built": True, "version": b.version, **s.to_json(), "log_tail": log_tail}
-            if b.name in CONTROLLER_SIDE:
-                total_rss += s.rss_bytes
-                total_hwm += s.hwm_bytes
-                measured.append(b.name)
-    ours = env.sample_controller("during the sidecars section (idle)")
-    if measured:
-        table.add("sum of Go controller-side sidecars", "+".join(measured), report.mib(total_rss),
-                  report.mib(total_hwm), "", "", "what the embedded loops replace")
+
+@dataclass
+class _GoSum:
+    rss: int = 0
+    hwm: int = 0
+    measured: list[str] = field(default_factory=list)
+
+
+def _sidecar_row(table: Table, b: Built, found: Running | None, kube_error: str, total: _GoSum) -> dict[str, Any]:
+    """One sidecar's row (measured, not built, not started or exited); its JSON record."""
+    if not b.path:
+        table.add(b.name, b.version, "—", "—", "—", "—", f"not built: {b.error[:90]}")
+        return {"built": False, "error": b.error}
+    if found is None:
+        table.add(b.name, b.version, "—", "—", "—", "—", f"pending: needs the control plane ({kube_error[:80]})")
+        return {"built": True, "measured": False, "error": kube_error}
+    if not found.samples:
+        tail = found.log_path.read_text(errors="replace")[-300:].strip().replace("\n", " | ")
+        table.add(b.name, b.version, "—", "—", "—", "—", f"exited {found.popen.returncode}: {tail[-90:]}")
+        return {"built": True, "measured": False, "exit": found.popen.returncode, "log": tail}
+    s = found.samples[-1]
+    note = "against our controller socket" + (" + kube-apiserver" if b.name in NEEDS_KUBE else "")
+    table.add(b.name, b.version, report.mib(s.rss_bytes), report.mib(s.hwm_bytes), report.num(s.cpu_s, 2),
+              s.threads, note)
+    if b.name in CONTROLLER_SIDE:
+        total.rss += s.rss_bytes
+        total.hwm += s.hwm_bytes
+        total.measured.append(b.name)
+    log_tail = found.log_path.read_text(errors="replace").strip().splitlines()[-6:]
+    return {"built": True, "version": b.version, **s.to_json(), "log_tail": log_tail}
+
+
+def _ours_rows(table: Table, ours: procstat.ProcessSample, total: _GoSum) -> None:
+    if total.measured:
+        table.add("sum of Go controller-side sidecars", "+".join(total.measured), report.mib(total.rss),
+                  report.mib(total.hwm), "", "", "what the embedded loops replace")
     table.add("cephcsi controller", "this tree", report.mib(ours.rss_bytes), report.mib(ours.hwm_bytes),
               report.num(ours.cpu_s, 2), ours.threads, "--sidecars=none (the driver alone)")
-    if measured:
-        table.add("ratio cephcsi / Go sum", "", report.times(ours.rss_bytes / total_rss),
-                  report.times(ours.hwm_bytes / total_hwm), "", "", "")
+    if total.measured:
+        table.add("ratio cephcsi / Go sum", "", report.times(ours.rss_bytes / total.rss),
+                  report.times(ours.hwm_bytes / total.hwm), "", "", "")
+
+
+def run(env: Environment) -> SectionResult:
+    """Build (cached), start and sample each Go sidecar; tabulate against our controller."""
+    result = SectionResult(name=NAME, title=TITLE)
+    built = _build(env)
+    wanted = [b for b in built if b.name in CONTROLLER_SIDE or b.name == "csi-node-driver-registrar"]
+    ok = [b for b in wanted if b.path]
+    if not ok:
+        result.status, result.reason = "skipped", "no Go sidecar could be built: " + "; ".join(
+            f"{b.name}: {b.error}" for b in wanted)
+        return result
+    running, kube_error = _sample_sidecars(env, ok)
+    table = Table(columns=["process", "version", "VmRSS MiB", "VmHWM MiB", "CPU s", "threads", "note"])
+    data: dict[str, Any] = {"settle_s": env.options.sidecar_settle_s, "sidecars": {}}
+    total = _GoSum()
+    for b in wanted:
+        found = next((x for x in running if x.built is b), None)
+        data["sidecars"][b.name] = _sidecar_row(table, b, found, kube_error, total)
+    ours = env.sample_controller("during the sidecars section (idle)")
+    _ours_rows(table, ours, total)
     data["controller"] = ours.to_json()
-    data["go_controller_side_sum"] = {"rss_bytes": total_rss, "hwm_bytes": total_hwm, "measured": measured}
+    data["go_controller_side_sum"] = {"rss_bytes": total.rss, "hwm_bytes": total.hwm, "measured": total.measured}
     result.tables = [table]
     result.data = data
     env.shared["go_sidecars"] = data  # 4a compares the whole stacks

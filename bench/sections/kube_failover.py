@@ -20,6 +20,7 @@ import logging
 import signal
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -137,13 +138,11 @@ def _row(table: Table, r: Round, timings: Timings) -> None:
               _expected(r, timings), r.error or ("" if r.exit_code in (None, 0, -9) else f"exit {r.exit_code}"))
 
 
-def run(env: Environment) -> SectionResult:
-    result = SectionResult(name=NAME, title=TITLE)
+def _run_rounds(env: Environment, setup: KubeSetup, timings: Timings,
+                data: dict[str, Any]) -> tuple[list[Round], list[str]]:
+    """Every failover round on two replicas, then delete the claims; (rounds, controller warnings)."""
     opts = env.options
-    setup: KubeSetup = env.kube()
     cluster = env.start_cluster()
-    defaults = controller_defaults()
-    timings = Timings(defaults.lease_duration, defaults.renew_deadline, defaults.retry_period)
     size = size_text(opts.size_bytes)
     prefix = f"bf{uuid.uuid4().hex[:6]}-"
     namespace = setup.namespace("bench-4b")
@@ -153,9 +152,6 @@ def run(env: Environment) -> SectionResult:
     kinds = ["graceful"] * opts.failover_graceful + ["sigkill"] * opts.failover_kill
     rounds: list[Round] = []
     claims: Claims | None = None
-    data: dict[str, Any] = {"timings": asdict(timings)}
-    problems: list[str] = []
-    processes: list[ControllerProcess] = []
     try:
         claims = Claims(setup, namespace)
         replicas = setup.start_controllers(env, 2, lease_namespace)
@@ -174,11 +170,13 @@ def run(env: Environment) -> SectionResult:
     finally:
         if claims is not None:
             claims.stop()
-        processes = list(setup.processes)
+        processes: list[ControllerProcess] = list(setup.processes)
         setup.stop_controllers()
         raw.close()
-        problems = [line for proc in processes for line in log_problems(proc)]
+    return rounds, [line for proc in processes for line in log_problems(proc)]
 
+
+def _rounds_table(rounds: list[Round], timings: Timings) -> Table:
     table = Table(title=f"seconds from the signal to the leader; a new PVC is created right after the signal; "
                         f"timings: {timings.label()}",
                   columns=["failover", "run", "last renewal age at signal", "Lease released", "standby holds Lease",
@@ -186,9 +184,12 @@ def run(env: Environment) -> SectionResult:
                            "note"])
     for r in rounds:
         _row(table, r, timings)
+    return table
+
+
+def _summary_table(rounds: list[Round], timings: Timings, data: dict[str, Any]) -> Table:
     summary = Table(title="p50 (nearest rank) per kind",
                     columns=["failover", "runs", "standby holds Lease s", "new PVC Bound s", "expected takeover s"])
-    data["rounds"] = [asdict(r) for r in rounds]
     data["summary"] = {}
     for kind in ("graceful", "sigkill"):
         mine = [r for r in rounds if r.kind == kind]
@@ -200,21 +201,36 @@ def run(env: Environment) -> SectionResult:
         summary.add(kind, len(mine), report.num(take, 2), report.num(bound, 2),
                     f"{'release + ' if kind == 'graceful' else ''}{low:.1f}–{high:.1f}")
         data["summary"][kind] = {"takeover_p50_s": take, "bound_p50_s": bound, "expected": [low, high]}
-    result.tables = [table, summary]
-    n_rounds = len(rounds)
-    result.notes.append(
-        f"{n_rounds} PVCs created across the failovers → {data['images_before_delete']} images, "
+    return summary
+
+
+def _notes(rounds: list[Round], data: Mapping[str, Any], problems: list[str]) -> list[str]:
+    notes = [
+        f"{len(rounds)} PVCs created across the failovers → {data['images_before_delete']} images, "
         f"{data['pvs_before_delete']} PVs (one each expected); deleting them: PVs left "
         f"{len(data['delete']['pvs_left'])}, images gone after {report.num(data['delete']['images_gone_s'], 2)} s, "
-        f"trash purged after {report.num(data['delete']['trash_empty_s'], 2)} s.")
-    result.notes.append(
+        f"trash purged after {report.num(data['delete']['trash_empty_s'], 2)} s.",
         "Graceful: the leader stops its loops (finishing a provisioning in flight — it still holds the Lease, so a "
         "PVC can be Bound by the old leader before the hand-over) and releases the Lease (holderIdentity \"\", "
         "duration 1 s); the standby takes it at its next poll (retry period × up to 1.2 after the release). "
-        "SIGKILL: nobody releases it; the standby waits the lease duration from when it saw the last renewal.")
+        "SIGKILL: nobody releases it; the standby waits the lease duration from when it saw the last renewal."]
     if problems:
         uniq = list(dict.fromkeys(p.split(" ", 2)[-1][:160] for p in problems))
-        result.notes.append(f"controller warnings during the rounds ({len(problems)} lines): " + " | ".join(uniq[:4]))
+        notes.append(f"controller warnings during the rounds ({len(problems)} lines): " + " | ".join(uniq[:4]))
+    return notes
+
+
+def run(env: Environment) -> SectionResult:
+    """Run the failover rounds, then tabulate them against what leader election should give."""
+    result = SectionResult(name=NAME, title=TITLE)
+    setup: KubeSetup = env.kube()
+    defaults = controller_defaults()
+    timings = Timings(defaults.lease_duration, defaults.renew_deadline, defaults.retry_period)
+    data: dict[str, Any] = {"timings": asdict(timings)}
+    rounds, problems = _run_rounds(env, setup, timings, data)
+    data["rounds"] = [asdict(r) for r in rounds]
+    result.tables = [_rounds_table(rounds, timings), _summary_table(rounds, timings, data)]
+    result.notes.extend(_notes(rounds, data, problems))
     data["log_problems"] = problems[:20]
     result.data = data
     if any(r.error for r in rounds):

@@ -25,6 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -240,24 +241,120 @@ def _go_stack(env: Environment) -> dict[str, Any] | None:
     return go  # type: ignore[no-any-return]
 
 
-def run(env: Environment) -> SectionResult:
-    result = SectionResult(name=NAME, title=TITLE)
-    opts = env.options
-    n, repeats = opts.pvc_burst, opts.pvc_repeats
-    setup: KubeSetup = env.kube()
+@dataclass
+class Measured:
+    """What the controller did in this section (phases 1–3), for the tables and notes."""
+
+    one_bound: Burst
+    one_pv: Burst
+    burst_bound: Burst
+    burst_pv: Burst
+    stages: list[kubestats.Stage]
+    gone: Any
+    """delete_claims' result for the burst."""
+    create_errors: list[str]
+    missing: list[str]
+    samples: dict[str, procstat.ProcessSample] = field(default_factory=dict)
+    before: procstat.ProcessSample | None = None
+    peak: procstat.ProcessSample | None = None
+
+
+Samples = list[tuple[str, dict[str, str], float]]
+
+
+def _metric_delta(m0: Samples, m1: Samples, name: str, /, **labels: str) -> float:
+    return metric_sum(m1, name, **labels) - metric_sum(m0, name, **labels)
+
+
+def _burst_metrics(m0: Samples, m1: Samples, defaults: Any) -> dict[str, Any]:
+    """The controller's /metrics over the burst: API requests, limiter waits, provisioning."""
+    requests = _metric_delta(m0, m1, "rest_client_requests_total")
+    prov = {"operation": "provision", "outcome": "success"}
+    prov_ok = _metric_delta(m0, m1, "cephcsi_sidecar_operation_seconds_count", **prov)
+    prov_sum = _metric_delta(m0, m1, "cephcsi_sidecar_operation_seconds_sum", **prov)
+    return {
+        "api_requests": requests,
+        "limiter_wait_sum_s": _metric_delta(m0, m1, "rest_client_rate_limiter_duration_seconds_sum"),
+        "limiter_floor_s": kubestats.limiter_floor_s(requests, defaults.kube_api_qps, defaults.kube_api_burst),
+        "provision_ok": prov_ok, "provision_mean_s": prov_sum / prov_ok if prov_ok else None,
+        "provision_failed": _metric_delta(m0, m1, "controller_persistentvolumeclaim_provision_failed_total"),
+        "workqueue_retries": _metric_delta(m0, m1, "workqueue_retries_total"),
+    }
+
+
+def _burst_log_evidence(burst_log: list[str], problems: list[str]) -> dict[str, Any]:
+    """What the controller's log says of the burst: provisions, second passes, warnings."""
+    adopted_lines = [line for line in burst_log if "adopted an existing PV" in line]
+    # Evidence for a second pass over a claim: every log line naming the adopted PVs.
+    adopted_pvs = [part[3:] for line in adopted_lines[:3] for part in line.split() if part.startswith("pv=")]
+    return {
+        "log_volume_provisioned": sum(1 for line in burst_log if "volume provisioned" in line),
+        "log_adopted_existing_pv": len(adopted_lines),
+        "adopted_log": [line for line in burst_log if any(pv in line for pv in adopted_pvs)][:40],
+        "log_problems": len(problems), "log_problem_samples": problems[:5],
+    }
+
+
+def _burst_objects(setup: KubeSetup, cluster: Any, raw: RawRbd, namespace: str, prefix: str,
+                   started: Mapping[str, float]) -> dict[str, Any]:
+    """Count what the burst left: PVs, images, journal entries (one of each per claim)."""
+    from tests.integration.sidecars.harness import journal_names
+
+    claim_docs = [c for c in setup.kube.pvcs(namespace) if c["metadata"]["name"] in started]
+    uids = {f"pvc-{c['metadata']['uid']}" for c in claim_docs}
+    pvs = setup.kube.pvs_of(namespace)
+    images = images_with(raw, prefix)
+    return {
+        "pvs": len(pvs), "images": len(images),
+        "journal_entries": len([k for k in journal_names(cluster) if k in uids]),
+        "distinct_image_names": len(set(images)),
+        "pv_image_names": len({(pv["spec"].get("csi") or {}).get("volumeAttributes", {}).get("imageName")
+                               for pv in pvs}),
+    }
+
+
+def _run_burst(setup: KubeSetup, controller: Any, claims: Claims, *, cluster: Any, raw: RawRbd, n: int,
+               storage_class: str, size: str, prefix: str, data: dict[str, Any],
+               measured_samples: dict[str, procstat.ProcessSample]) -> tuple[Burst, Burst, list[kubestats.Stage],
+                                                                             dict[str, float], list[str], list[str],
+                                                                             procstat.ProcessSample]:
+    """Phase 2: N claims at once → all Bound; fills data["burst_run"]."""
+    namespace = claims.namespace
+    pid = controller.process.pid
+    m0 = metrics(controller)
+    problems0 = len(log_problems(controller))
+    log_mark = len(controller.log())
+    sampler = procstat.Sampler(pid).start()
+    names = [f"burst-{i:03d}" for i in range(n)]
+    started, create_errors, create_wall = timed_calls(
+        lambda c: setup.kube.create_pvc(namespace, c, storage_class, size), names)
+    missing = claims.pvcs.wait("bound", list(started), max(120.0, 3.0 * n))
+    peak = sampler.stop()
+    measured_samples["all Bound (after the burst)"] = procstat.sample(pid)
+    measured_samples["peak during the burst (0.1 s samples)"] = peak
+    m1 = metrics(controller)
+    burst_bound = kubestats.burst(started, claims.pvcs.first("bound"))
+    burst_pv = kubestats.burst(started, claims.pvs.first("created"))
+    stages = _stages(claims, started)
+    data["burst_run"] = {
+        "events": event_writes(setup, namespace, started),
+        "created": len(started), "create_errors": create_errors, "create_wall_s": create_wall,
+        "bound": burst_bound.to_json(), "pv_created": burst_pv.to_json(), "missing": missing,
+        "stages": [st.to_json() for st in stages],
+        **_burst_objects(setup, cluster, raw, namespace, prefix, started),
+        **_burst_metrics(m0, m1, controller_defaults()),
+        **_burst_log_evidence(controller.log()[log_mark:].splitlines(), log_problems(controller)[problems0:]),
+    }
+    return burst_bound, burst_pv, stages, started, create_errors, missing, peak
+
+
+def _measure_controller(env: Environment, setup: KubeSetup, raw: RawRbd, *, n: int, repeats: int, size: str,
+                        prefix: str, data: dict[str, Any]) -> Measured:
+    """Phases 1–3 with one leader: single claims, the burst, then deleting it all."""
     cluster = env.start_cluster()
-    defaults = controller_defaults()
-    size = size_text(opts.size_bytes)
-    prefix = f"bk{uuid.uuid4().hex[:6]}-"
     namespace = setup.namespace("bench-4a")
     lease_namespace = setup.namespace("bench-le")
     storage_class = setup.kube.create_storage_class(cluster, SECRET, prefix=prefix)
-    raw = RawRbd(cluster, opts.size_bytes)
-    data: dict[str, Any] = {"pvc_size": size, "burst": n, "repeats": repeats, "image_prefix": prefix,
-                            "controller_defaults": {"kube_api_qps": defaults.kube_api_qps,
-                                                    "kube_api_burst": defaults.kube_api_burst,
-                                                    "worker_threads": defaults.worker_threads}}
-    notes = result.notes
     samples: dict[str, procstat.ProcessSample] = {}
     claims: Claims | None = None
     try:
@@ -280,64 +377,10 @@ def run(env: Environment) -> SectionResult:
         samples["idle leader (before the burst)"] = before = procstat.sample(pid)
 
         # 2. The burst.
-        m0 = metrics(controller)
-        problems0 = len(log_problems(controller))
-        log_mark = len(controller.log())
-        sampler = procstat.Sampler(pid).start()
-        names = [f"burst-{i:03d}" for i in range(n)]
-        started, create_errors, create_wall = timed_calls(
-            lambda c: setup.kube.create_pvc(namespace, c, storage_class, size), names)
-        missing = claims.pvcs.wait("bound", list(started), max(120.0, 3.0 * n))
-        peak = sampler.stop()
-        samples["all Bound (after the burst)"] = after = procstat.sample(pid)
-        samples["peak during the burst (0.1 s samples)"] = peak
-        m1 = metrics(controller)
-        burst_bound = kubestats.burst(started, claims.pvcs.first("bound"))
-        burst_pv = kubestats.burst(started, claims.pvs.first("created"))
-        burst_stages = _stages(claims, started)
-        claim_docs = [c for c in setup.kube.pvcs(namespace) if c["metadata"]["name"] in started]
-        uids = {f"pvc-{c['metadata']['uid']}" for c in claim_docs}
-        pvs = setup.kube.pvs_of(namespace)
-        images = images_with(raw, prefix)
-        from tests.integration.sidecars.harness import journal_names
-
-        journal = [k for k in journal_names(cluster) if k in uids]
-        requests = metric_sum(m1, "rest_client_requests_total") - metric_sum(m0, "rest_client_requests_total")
-        throttle_sum = (metric_sum(m1, "rest_client_rate_limiter_duration_seconds_sum")
-                        - metric_sum(m0, "rest_client_rate_limiter_duration_seconds_sum"))
-        prov_ok = (metric_sum(m1, "cephcsi_sidecar_operation_seconds_count", operation="provision", outcome="success")
-                   - metric_sum(m0, "cephcsi_sidecar_operation_seconds_count", operation="provision", outcome="success"))
-        prov_sum = (metric_sum(m1, "cephcsi_sidecar_operation_seconds_sum", operation="provision", outcome="success")
-                    - metric_sum(m0, "cephcsi_sidecar_operation_seconds_sum", operation="provision", outcome="success"))
-        prov_failed = (metric_sum(m1, "controller_persistentvolumeclaim_provision_failed_total")
-                       - metric_sum(m0, "controller_persistentvolumeclaim_provision_failed_total"))
-        retries = (metric_sum(m1, "workqueue_retries_total") - metric_sum(m0, "workqueue_retries_total"))
-        problems = log_problems(controller)[problems0:]
-        events = event_writes(setup, namespace, started)
-        burst_log = controller.log()[log_mark:].splitlines()
-        adopted_lines = [line for line in burst_log if "adopted an existing PV" in line]
-        adopted = len(adopted_lines)
-        # Evidence for a second pass over a claim: every log line naming the adopted PVs.
-        adopted_pvs = [part[3:] for line in adopted_lines[:3] for part in line.split() if part.startswith("pv=")]
-        adopted_log = [line for line in burst_log if any(pv in line for pv in adopted_pvs)][:40]
-        provisioned_lines = sum(1 for line in burst_log if "volume provisioned" in line)
-        data["burst_run"] = {
-            "events": events,
-            "created": len(started), "create_errors": create_errors, "create_wall_s": create_wall,
-            "bound": burst_bound.to_json(), "pv_created": burst_pv.to_json(), "missing": missing,
-            "stages": [st.to_json() for st in burst_stages],
-            "pvs": len(pvs), "images": len(images), "journal_entries": len(journal),
-            "distinct_image_names": len(set(images)),
-            "pv_image_names": len({(pv["spec"].get("csi") or {}).get("volumeAttributes", {}).get("imageName")
-                                   for pv in pvs}),
-            "api_requests": requests, "limiter_wait_sum_s": throttle_sum,
-            "limiter_floor_s": kubestats.limiter_floor_s(requests, defaults.kube_api_qps, defaults.kube_api_burst),
-            "provision_ok": prov_ok, "provision_mean_s": prov_sum / prov_ok if prov_ok else None,
-            "provision_failed": prov_failed, "workqueue_retries": retries,
-            "log_volume_provisioned": provisioned_lines, "log_adopted_existing_pv": adopted,
-            "adopted_log": adopted_log,
-            "log_problems": len(problems), "log_problem_samples": problems[:5],
-        }
+        burst_bound, burst_pv, stages, started, create_errors, missing, peak = _run_burst(
+            setup, controller, claims, cluster=cluster, raw=raw, n=n, storage_class=storage_class, size=size,
+            prefix=prefix, data=data, measured_samples=samples)
+        after = samples["all Bound (after the burst)"]
 
         # 3. Delete everything.
         cpu_before_delete = procstat.sample(pid).cpu_s
@@ -353,29 +396,37 @@ def run(env: Environment) -> SectionResult:
         if claims is not None:
             claims.stop()
         setup.stop_controllers()
+    return Measured(one_bound=one_bound, one_pv=one_pv, burst_bound=burst_bound, burst_pv=burst_pv, stages=stages,
+                    gone=gone, create_errors=create_errors, missing=missing, samples=samples, before=before,
+                    peak=peak)
 
-    # 4. Floors (our controller stopped, the trash drained).
+
+def _measure_floors(setup: KubeSetup, raw: RawRbd, *, n: int, repeats: int, size: str,
+                    data: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """Phase 4 (our controller stopped, the trash drained): the kcm/apiserver and Ceph floors."""
     kube_floor = _kube_floor(setup, n, repeats, size)
     raw_floor = _raw_floor(raw, n)
-    raw.close()
     data["floor_kube"] = {k: (v.to_json() if isinstance(v, Burst) else v) for k, v in kube_floor.items()
                           if k != "zero_stages"}
     data["floor_kube"]["zero_stages"] = [st.to_json() for st in kube_floor["zero_stages"]]
     raw_summary = raw_floor["batch"].summary()
     data["floor_ceph"] = {**raw_summary.to_json(), "cpu_s": raw_floor["cpu_s"], "threads": RAW_THREADS,
                           "errors": raw_floor["batch"].errors}
-    data["samples"] = {k: v.to_json() for k, v in samples.items()}
+    return kube_floor, raw_summary
 
-    # ---- tables -------------------------------------------------------------------------------------
+
+def _latency_table(env: Environment, m: Measured, kube_floor: Mapping[str, Any], raw_summary: Any, n: int,
+                   size: str) -> Table:
+    defaults = controller_defaults()
     latency = Table(title=f"PVC → Bound, {size} PVCs (thin); per-PVC latency from its create call; "
                           f"burst = {n} PVCs created by 8 threads",
                     columns=["what", "PVCs", "all done s", "PVC/s", "p50 ms", "p99 ms", "max ms", "note"])
-    _burst_row(latency, "1 PVC: create → PV created (provisioner)", one_pv, "one at a time", True)
-    _burst_row(latency, "1 PVC: create → Bound", one_bound, "one at a time", True)
+    _burst_row(latency, "1 PVC: create → PV created (provisioner)", m.one_pv, "one at a time", True)
+    _burst_row(latency, "1 PVC: create → Bound", m.one_bound, "one at a time", True)
     _burst_row(latency, "floor kcm: 1 PVC, zero-cost provisioner → Bound", kube_floor["zero_single"],
                "one at a time", True)
-    _burst_row(latency, "burst: create → all PVs created", burst_pv, "the provisioner's part")
-    _burst_row(latency, "burst: create → all Bound", burst_bound, "")
+    _burst_row(latency, "burst: create → all PVs created", m.burst_pv, "the provisioner's part")
+    _burst_row(latency, "burst: create → all Bound", m.burst_bound, "")
     _burst_row(latency, f"floor kcm: {n} PVCs, zero-cost provisioner → all Bound", kube_floor["zero_burst"],
                "kcm annotates, we write each PV at once")
     _burst_row(latency, f"floor kcm: {n} PVCs + PVs by hand → all Bound", kube_floor["byhand_burst"],
@@ -393,92 +444,109 @@ def run(env: Environment) -> SectionResult:
         latency.add("direct CreateVolume over gRPC, c=1 (section 1)", str(drv["count"]), "—", "—",
                     report.ms(drv["p50_s"]), report.ms(drv["p99_s"]), report.ms(drv["max_s"]),
                     "the driver call inside each provisioning")
-    _burst_row(latency, "delete burst: PVC delete → PV gone", gone.pv_gone,
-               f"images gone after {report.num(gone.images_gone_s, 2)} s, trash purged after "
-               f"{report.num(gone.trash_empty_s, 2)} s")
+    _burst_row(latency, "delete burst: PVC delete → PV gone", m.gone.pv_gone,
+               f"images gone after {report.num(m.gone.images_gone_s, 2)} s, trash purged after "
+               f"{report.num(m.gone.trash_empty_s, 2)} s")
+    return latency
 
+
+def _floors_of(kube_floor: Mapping[str, Any], raw_summary: Any, limiter_floor_s: float) -> list[tuple[str, Any]]:
+    return [("Ceph: RBD.create ×N", raw_summary.wall_s),
+            ("apiserver: N PVCs + N PVs created (our QPS/burst)", kube_floor["byhand_create_wall_s"]),
+            ("kcm binder alone: N PVCs + PVs by hand → all Bound", kube_floor["byhand_burst"].all_s),
+            ("kcm + zero-cost provisioner → all Bound", kube_floor["zero_burst"].all_s),
+            ("our client limiter: (requests − burst) / QPS", limiter_floor_s)]
+
+
+def _ratio_table(m: Measured, floors: list[tuple[str, Any]]) -> Table:
     ratios = Table(title="the burst against its floors (× = burst / floor, wall time of all N)",
                    columns=["floor", "floor s", "burst → all Bound s", "×", "burst → all PVs s", "×"])
-    floors = [("Ceph: RBD.create ×N", raw_summary.wall_s),
-              ("apiserver: N PVCs + N PVs created (our QPS/burst)", wall),
-              ("kcm binder alone: N PVCs + PVs by hand → all Bound", kube_floor["byhand_burst"].all_s),
-              ("kcm + zero-cost provisioner → all Bound", kube_floor["zero_burst"].all_s),
-              ("our client limiter: (requests − burst) / QPS", data["burst_run"]["limiter_floor_s"])]
     for label, seconds in floors:
-        ratios.add(label, report.num(seconds, 2), report.num(burst_bound.all_s, 2),
-                   report.times(_ratio(burst_bound.all_s, seconds)), report.num(burst_pv.all_s, 2),
-                   report.times(_ratio(burst_pv.all_s, seconds)))
-    dominant = max(((label, s) for label, s in floors if s), key=lambda x: x[1], default=None)
+        ratios.add(label, report.num(seconds, 2), report.num(m.burst_bound.all_s, 2),
+                   report.times(_ratio(m.burst_bound.all_s, seconds)), report.num(m.burst_pv.all_s, 2),
+                   report.times(_ratio(m.burst_pv.all_s, seconds)))
+    return ratios
 
+
+def _stage_table(m: Measured, kube_floor: Mapping[str, Any], n: int) -> Table:
     stage_table = Table(title=f"where the time goes in the {n}-PVC burst: each claim's stages (p50/p99 per claim; "
                               "'last' = from the first create until the last claim got there)",
                         columns=["stage", "who", "ours p50 ms", "ours p99 ms", "ours last s", "zero-cost p50 ms",
                                  "zero-cost p99 ms", "zero-cost last s"])
     who = {"annotated": "kcm", "PV created": "provisioner", "Bound": "kcm"}
-    for ours, zero in zip(burst_stages, kube_floor["zero_stages"]):
+    for ours, zero in zip(m.stages, kube_floor["zero_stages"]):
         stage_table.add(ours.name, who.get(ours.name.split("→ ")[-1], ""), report.ms(ours.per_object.p50_s),
                         report.ms(ours.per_object.p99_s), report.num(ours.last_s, 2), report.ms(zero.per_object.p50_s),
                         report.ms(zero.per_object.p99_s), report.num(zero.last_s, 2))
+    return stage_table
 
+
+def _memory_table(m: Measured, cpu: Mapping[str, float], n: int) -> Table:
     mem = Table(title="controller process (driver + provisioner + attacher + leader election)",
                 columns=["state", "VmRSS MiB", "VmHWM MiB", "CPU s (cumulative)", "threads"])
-    for label, s in samples.items():
+    for label, s in m.samples.items():
         mem.add(label, report.mib(s.rss_bytes), report.mib(s.hwm_bytes), report.num(s.cpu_s, 2), s.threads)
-    cpu = data["cpu"]
     mem.add(f"CPU per PVC: provision (burst of {n})", "", "", f"{cpu['provision_ms_per_pvc']:.1f} ms", "")
     mem.add(f"CPU per PVC: delete (burst of {n})", "", "", f"{cpu['delete_ms_per_pvc']:.1f} ms", "")
+    return mem
 
+
+def _footprint_table(env: Environment, m: Measured, n: int, data: dict[str, Any]) -> Table:
+    assert m.before is not None and m.peak is not None
     footprint = Table(title="whole controller-side footprint: one Python process vs the Go sidecar stack",
                       columns=["stack", "processes", "VmRSS MiB", "VmHWM MiB", "note"])
-    ours_idle, ours_peak = before, peak
+    ours_idle, ours_peak = m.before, m.peak
     footprint.add("cephcsi (embedded loops)", "1", report.mib(ours_idle.rss_bytes), report.mib(ours_idle.hwm_bytes),
                   "idle leader, caches synced, before the burst")
     footprint.add("cephcsi (embedded loops)", "1", report.mib(ours_peak.rss_bytes), report.mib(ours_peak.hwm_bytes),
                   f"peak during the {n}-PVC burst")
     go = _go_stack(env)
-    if go:
-        go_sum = go["go_controller_side_sum"]
-        driver = go["controller"]
-        total_rss = go_sum["rss_bytes"] + driver["rss_bytes"]
-        total_hwm = go_sum["hwm_bytes"] + driver["hwm_bytes"]
-        footprint.add(" + ".join(go_sum["measured"]) + " (Go, at rest)", str(len(go_sum["measured"])),
-                      report.mib(go_sum["rss_bytes"]), report.mib(go_sum["hwm_bytes"]), "section 3b, this run")
-        footprint.add("+ driver alone (cephcsi --sidecars=none)", "1", report.mib(driver["rss_bytes"]),
-                      report.mib(driver["hwm_bytes"]), "section 3b: after section 1's 600 RPCs")
-        footprint.add("= Go sidecars + driver", str(len(go_sum["measured"]) + 1), report.mib(total_rss),
-                      report.mib(total_hwm), "")
-        warm = env.controller_samples.get("after warm-up (connected, idle)")
-        if warm is not None:
-            fresh = go_sum["rss_bytes"] + warm.rss_bytes
-            footprint.add("= Go sidecars + driver just warmed up", str(len(go_sum["measured"]) + 1),
-                          report.mib(fresh), "", "driver row of 3a before section 1's batches")
-            data["go_stack_fresh_driver_rss_bytes"] = fresh
-        footprint.add("ratio cephcsi idle / Go stack", "", report.times(ours_idle.rss_bytes / total_rss), "", "")
-        footprint.add("ratio cephcsi burst peak / Go stack (at rest)", "", report.times(ours_peak.rss_bytes / total_rss),
-                      report.times(ours_peak.hwm_bytes / total_hwm), "Go stack not loaded: its peak would be higher")
-        data["go_stack"] = {"rss_bytes": total_rss, "hwm_bytes": total_hwm}
-    else:
+    if not go:
         footprint.add("Go sidecars + driver", "—", "—", "—", "not measured in this run (run section `sidecars` first)")
+        return footprint
+    go_sum = go["go_controller_side_sum"]
+    driver = go["controller"]
+    total_rss = go_sum["rss_bytes"] + driver["rss_bytes"]
+    total_hwm = go_sum["hwm_bytes"] + driver["hwm_bytes"]
+    footprint.add(" + ".join(go_sum["measured"]) + " (Go, at rest)", str(len(go_sum["measured"])),
+                  report.mib(go_sum["rss_bytes"]), report.mib(go_sum["hwm_bytes"]), "section 3b, this run")
+    footprint.add("+ driver alone (cephcsi --sidecars=none)", "1", report.mib(driver["rss_bytes"]),
+                  report.mib(driver["hwm_bytes"]), "section 3b: after section 1's 600 RPCs")
+    footprint.add("= Go sidecars + driver", str(len(go_sum["measured"]) + 1), report.mib(total_rss),
+                  report.mib(total_hwm), "")
+    warm = env.controller_samples.get("after warm-up (connected, idle)")
+    if warm is not None:
+        fresh = go_sum["rss_bytes"] + warm.rss_bytes
+        footprint.add("= Go sidecars + driver just warmed up", str(len(go_sum["measured"]) + 1),
+                      report.mib(fresh), "", "driver row of 3a before section 1's batches")
+        data["go_stack_fresh_driver_rss_bytes"] = fresh
+    footprint.add("ratio cephcsi idle / Go stack", "", report.times(ours_idle.rss_bytes / total_rss), "", "")
+    footprint.add("ratio cephcsi burst peak / Go stack (at rest)", "", report.times(ours_peak.rss_bytes / total_rss),
+                  report.times(ours_peak.hwm_bytes / total_hwm), "Go stack not loaded: its peak would be higher")
+    data["go_stack"] = {"rss_bytes": total_rss, "hwm_bytes": total_hwm}
+    return footprint
 
-    result.tables = [latency, stage_table, ratios, mem, footprint]
-    run_data = data["burst_run"]
-    notes.append(
-        f"Burst check: {run_data['created']} PVCs created, {burst_bound.reached} Bound, {run_data['pvs']} PVs, "
+
+def _notes(m: Measured, run_data: Mapping[str, Any], kube_floor: Mapping[str, Any],
+           floors: list[tuple[str, Any]], n: int) -> list[str]:
+    defaults = controller_defaults()
+    notes = [
+        f"Burst check: {run_data['created']} PVCs created, {m.burst_bound.reached} Bound, {run_data['pvs']} PVs, "
         f"{run_data['images']} images with the class prefix ({run_data['distinct_image_names']} distinct, "
         f"{run_data['pv_image_names']} distinct in the PVs), {run_data['journal_entries']} journal entries; "
         f"provisioned OK {run_data['provision_ok']:.0f} (mean {report.ms(run_data['provision_mean_s'])} ms from "
         f"the annotated claim to the PV), failed attempts {run_data['provision_failed']:.0f}, work-queue retries "
         f"{run_data['workqueue_retries']:.0f}, 'adopted an existing PV' (a second pass over an already provisioned "
         f"claim) {run_data['log_adopted_existing_pv']}, controller log lines at WARNING+ during the burst: "
-        f"{run_data['log_problems']}.")
-    notes.append(
+        f"{run_data['log_problems']}.",
         f"Controller API traffic during the burst: {run_data['api_requests']:.0f} requests "
         f"({run_data['api_requests'] / n:.1f} per PVC), {run_data['limiter_wait_sum_s']:.1f} s waited in its client "
         f"rate limiter in total (QPS {defaults.kube_api_qps:g}/burst {defaults.kube_api_burst}: the limiter alone "
-        f"needs ≥ {run_data['limiter_floor_s']:.1f} s for that many requests).")
+        f"needs ≥ {run_data['limiter_floor_s']:.1f} s for that many requests)."]
+    dominant = max(((label, s) for label, s in floors if s), key=lambda x: x[1], default=None)
     if dominant:
         notes.append(f"Largest floor: {dominant[0]} ({dominant[1]:.2f} s of the burst's "
-                     f"{report.num(burst_bound.all_s, 2)} s to all Bound).")
+                     f"{report.num(m.burst_bound.all_s, 2)} s to all Bound).")
     kcm_ours = run_data["events"].get("persistentvolume-controller/ExternalProvisioning", {})
     kcm_zero = kube_floor["zero_events"].get("persistentvolume-controller/ExternalProvisioning", {})
     if kcm_ours or kcm_zero:
@@ -488,12 +556,40 @@ def run(env: Environment) -> SectionResult:
             f"{kcm_zero.get('writes', 0)} with the zero-cost provisioner.")
     if kube_floor["errors"]:
         notes.append(f"floor errors: {'; '.join(kube_floor['errors'][:3])}")
-    if gone.pvs_left or gone.images_left:
-        notes.append(f"NOT cleaned up: {len(gone.pvs_left)} PVs, {len(gone.images_left)} images left")
-    if create_errors or missing:
-        notes.append(f"problems: {len(create_errors)} create errors, {len(missing)} claims not Bound in time")
+    if m.gone.pvs_left or m.gone.images_left:
+        notes.append(f"NOT cleaned up: {len(m.gone.pvs_left)} PVs, {len(m.gone.images_left)} images left")
+    if m.create_errors or m.missing:
+        notes.append(f"problems: {len(m.create_errors)} create errors, {len(m.missing)} claims not Bound in time")
     if run_data["log_problem_samples"]:
         notes.append("first controller warnings: " + " | ".join(x[:160] for x in run_data["log_problem_samples"][:3]))
+    return notes
+
+
+def run(env: Environment) -> SectionResult:
+    """Measure (controller phases, then floors), then tabulate."""
+    opts = env.options
+    n, repeats = opts.pvc_burst, opts.pvc_repeats
+    setup: KubeSetup = env.kube()
+    defaults = controller_defaults()
+    size = size_text(opts.size_bytes)
+    prefix = f"bk{uuid.uuid4().hex[:6]}-"
+    raw = RawRbd(env.start_cluster(), opts.size_bytes)
+    data: dict[str, Any] = {"pvc_size": size, "burst": n, "repeats": repeats, "image_prefix": prefix,
+                            "controller_defaults": {"kube_api_qps": defaults.kube_api_qps,
+                                                    "kube_api_burst": defaults.kube_api_burst,
+                                                    "worker_threads": defaults.worker_threads}}
+    try:
+        measured = _measure_controller(env, setup, raw, n=n, repeats=repeats, size=size, prefix=prefix, data=data)
+        kube_floor, raw_summary = _measure_floors(setup, raw, n=n, repeats=repeats, size=size, data=data)
+    finally:
+        raw.close()
+    data["samples"] = {k: v.to_json() for k, v in measured.samples.items()}
+    floors = _floors_of(kube_floor, raw_summary, data["burst_run"]["limiter_floor_s"])
+    result = SectionResult(name=NAME, title=TITLE)
+    result.tables = [_latency_table(env, measured, kube_floor, raw_summary, n, size),
+                     _stage_table(measured, kube_floor, n), _ratio_table(measured, floors),
+                     _memory_table(measured, data["cpu"], n), _footprint_table(env, measured, n, data)]
+    result.notes.extend(_notes(measured, data["burst_run"], kube_floor, floors, n))
     result.data = data
     env.shared["kube_provisioning"] = data
     return result

@@ -22,6 +22,7 @@ import os
 import subprocess
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -279,22 +280,17 @@ def step_ratios(results: dict[str, dict[str, Timings]]) -> dict[tuple[str, str],
     return out
 
 
-def run(env: Environment) -> SectionResult:
-    reason = unavailable_reason()
-    if reason:
-        return _skipped(reason)
-    env.start_cluster()
-    try:
-        driver = DriverPath(env)
-    except Exception as error:  # noqa: BLE001 - a node plugin that cannot start is "not available"
-        return _skipped(f"node service not available (cephcsi --mode=node did not start: {str(error)[:300]})")
-    manual = ManualPath(env, env.workdir / "manual")
+Pass = tuple[dict[str, str], dict[str, dict[str, Timings]]]
+
+
+def _measure(env: Environment, driver: DriverPath, manual: ManualPath) -> list[Pass] | SectionResult:
+    """Each load pass's cycles (driver and by hand interleaved); a SectionResult when a cycle fails."""
     raw = RawRbd(env.start_cluster(), env.options.size_bytes)
     node_pid = env.node().process.pid  # type: ignore[union-attr]
     env.node_samples["at rest (serving, nothing staged)"] = procstat.sample(node_pid)
-    passes: list[tuple[dict[str, str], dict[str, dict[str, Timings]]]] = []
+    passes: list[Pass] = []
     try:
-        for hogs, state in background.passes(env.options.background_loads):
+        for _hogs, state in background.passes(env.options.background_loads):
             log.info("node [%s]: %d cycles per mode", state["load"], env.options.node_iterations)
             got = _cycles(env, driver, manual, raw, first_pass=not passes)
             if isinstance(got, SectionResult):
@@ -303,33 +299,55 @@ def run(env: Environment) -> SectionResult:
         env.node_samples["after the stage/unstage cycles (idle)"] = procstat.sample(node_pid)
     finally:
         raw.close()
+    return passes
 
+
+def _pass_table(env: Environment, state: Mapping[str, str], results: dict[str, dict[str, Timings]],
+                ratios: dict[tuple[str, str], Spread | None]) -> tuple[Table, dict[str, Any]]:
+    """One load pass: per mode and step group, driver vs by hand; (table, JSON record)."""
+    where = (f"{state['load']}; load average {state['loadavg_start']} → {state['loadavg_end']}, "
+             f"all CPUs {state['cpu_busy']} busy")
+    table = Table(title=f"[{where}] latency in ms, {env.options.node_iterations} interleaved cycles per row "
+                        "(driver, by hand, driver, ...), a fresh volume per cycle; × = driver/manual per cycle, "
+                        "median (min–max)",
+                  columns=["volume", "steps", "driver p50", "driver max", "manual p50", "manual max", "p50 ×",
+                           "× per cycle"])
+    pass_data: dict[str, Any] = {"state": state}
+    for mode in MODES:
+        d, m = results[mode]["driver"], results[mode]["manual"]
+        pass_data[mode] = {"driver": d.to_json(), "manual": m.to_json(),
+                           "ratios": {step.strip(): (r.to_json() if r else None)
+                                      for (md, step), r in ratios.items() if md == mode}}
+        for steps, pick in STEPS:
+            ds, ms_ = list(pick(d)), list(pick(m))
+            dp, mp = _p(ds, 50), _p(ms_, 50)
+            table.add(mode if mode == "block" else "ext4 (Filesystem)", steps, report.ms(dp),
+                      report.ms(max(ds, default=None)), report.ms(mp), report.ms(max(ms_, default=None)),
+                      report.times(ratio(dp, mp) if dp is not None and mp is not None else None),
+                      report.times_spread(ratios[(mode, steps)]))
+    return table, pass_data
+
+
+def run(env: Environment) -> SectionResult:
+    """Stage/publish cycles through the node plugin and by hand, per load pass; tabulate."""
+    reason = unavailable_reason()
+    if reason:
+        return _skipped(reason)
+    env.start_cluster()
+    try:
+        driver = DriverPath(env)
+    except Exception as error:  # noqa: BLE001 - a node plugin that cannot start is "not available"
+        return _skipped(f"node service not available (cephcsi --mode=node did not start: {str(error)[:300]})")
+    passes = _measure(env, driver, ManualPath(env, env.workdir / "manual"))
+    if isinstance(passes, SectionResult):
+        return passes
     tables = []
     data: dict[str, Any] = {"iterations": env.options.node_iterations, "passes": []}
     all_ratios = []
     for state, results in passes:
-        where = (f"{state['load']}; load average {state['loadavg_start']} → {state['loadavg_end']}, "
-                 f"all CPUs {state['cpu_busy']} busy")
-        table = Table(title=f"[{where}] latency in ms, {env.options.node_iterations} interleaved cycles per row "
-                            "(driver, by hand, driver, ...), a fresh volume per cycle; × = driver/manual per cycle, "
-                            "median (min–max)",
-                      columns=["volume", "steps", "driver p50", "driver max", "manual p50", "manual max", "p50 ×",
-                               "× per cycle"])
         ratios = step_ratios(results)
         all_ratios.append(ratios)
-        pass_data: dict[str, Any] = {"state": state}
-        for mode in MODES:
-            d, m = results[mode]["driver"], results[mode]["manual"]
-            pass_data[mode] = {"driver": d.to_json(), "manual": m.to_json(),
-                               "ratios": {step.strip(): (r.to_json() if r else None)
-                                          for (md, step), r in ratios.items() if md == mode}}
-            for steps, pick in STEPS:
-                ds, ms_ = list(pick(d)), list(pick(m))
-                dp, mp = _p(ds, 50), _p(ms_, 50)
-                table.add(mode if mode == "block" else "ext4 (Filesystem)", steps, report.ms(dp),
-                          report.ms(max(ds, default=None)), report.ms(mp), report.ms(max(ms_, default=None)),
-                          report.times(ratio(dp, mp) if dp is not None and mp is not None else None),
-                          report.times_spread(ratios[(mode, steps)]))
+        table, pass_data = _pass_table(env, state, results, ratios)
         tables.append(table)
         data["passes"].append(pass_data)
     targets = Table(title="issue-17 targets (median of the per-cycle ratios; min–max in parentheses)",

@@ -22,7 +22,9 @@ from cephcsi.errors import (
     NotFound,
     PermissionDenied,
     ResourceExhausted,
+    Rule,
     Unavailable,
+    translate_by,
 )
 from cephcsi.observability.metrics import CEPH_CALLS
 
@@ -47,28 +49,28 @@ def error_number(error: BaseException) -> int | None:
     return None
 
 
+TABLE: tuple[Rule, ...] = (
+    Rule(DeadlineExceeded, "Ceph did not complete {what} in time; the cluster may be unreachable or overloaded, "
+         "retry later", errnos=frozenset({errno.ETIMEDOUT, errno.EINTR})),
+    Rule(Unavailable, "lost the connection to Ceph during {what}; retry", errnos=frozenset(CONNECTION_LOST)),
+    Rule(PermissionDenied, "Ceph refused {what}: the cephx user lacks the capabilities (needs mon 'profile rbd', "
+         "osd 'profile rbd pool=<pool>', mgr 'profile rbd pool=<pool>')", errnos=frozenset({errno.EPERM, errno.EACCES})),
+    Rule(NotFound, "{subject} does not exist ({operation})", errnos=frozenset({errno.ENOENT})),
+    Rule(AlreadyExists, "{subject} already exists ({operation})", errnos=frozenset({errno.EEXIST})),
+    Rule(ResourceExhausted, "no space or quota left for {what}", errnos=frozenset({errno.ENOSPC, errno.EDQUOT})),
+    Rule(FailedPrecondition, "{subject} is busy ({operation}); it may still be in use", errnos=frozenset({errno.EBUSY})),
+    Rule(Internal, "{what} failed: {error}"),
+)
+"""librados/librbd failures by errno, first match wins."""
+
+
 def translate(error: BaseException, operation: str, subject: str) -> CephCSIError:
     """A cephcsi error that says what failed on which object and what to do about it."""
     number = error_number(error)
-    what = f"{operation} {subject}".strip()
-    if number in (errno.ETIMEDOUT, errno.EINTR):
-        return DeadlineExceeded(f"Ceph did not complete {what} in time; the cluster may be unreachable or overloaded, retry later")
-    if number in CONNECTION_LOST:
-        return Unavailable(f"lost the connection to Ceph during {what}; retry")
-    if number in (errno.EPERM, errno.EACCES):
-        return PermissionDenied(
-            f"Ceph refused {what}: the cephx user lacks the capabilities "
-            "(needs mon 'profile rbd', osd 'profile rbd pool=<pool>', mgr 'profile rbd pool=<pool>')"
-        )
-    if number == errno.ENOENT:
-        return NotFound(f"{subject} does not exist ({operation})")
-    if number == errno.EEXIST:
-        return AlreadyExists(f"{subject} already exists ({operation})")
-    if number in (errno.ENOSPC, errno.EDQUOT):
-        return ResourceExhausted(f"no space or quota left for {what}")
-    if number == errno.EBUSY:
-        return FailedPrecondition(f"{subject} is busy ({operation}); it may still be in use")
-    return Internal(f"{what} failed: {error}")
+    found = translate_by(TABLE, {number} if number is not None else set(), "",
+                         what=f"{operation} {subject}".strip(), operation=operation, subject=subject, error=error)
+    assert found is not None  # the table ends with a fallback row
+    return found
 
 
 @contextmanager

@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="cephcsi", description="Ceph RBD CSI driver with the CSI sidecars embedded.",
                 epilog="Also: `cephcsi audit --help` (find and repair journal/pool inconsistencies).")
     p.add_argument("--version", action="version", version=f"cephcsi {__version__}")
+    for add_group in (_driver_flags, _ceph_flags, _flatten_flags, _node_flags, _sidecar_flags):
+        add_group(p)
+    return p
+
+
+def _driver_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("driver")
     g.add_argument("--mode", choices=MODES, required=True, help="controller: Identity+Controller (+provisioner, attacher, resizer, snapshotter); node: Identity+Node (+registrar); all: everything")
     g.add_argument("--endpoint", default="unix:///csi/csi.sock", help="CSI socket (default %(default)s)")
@@ -77,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--slow-call-threshold", type=_duration, default=10.0, help="warn about calls slower than this")
     g.add_argument("--shutdown-grace", type=_duration, default=10.0, help="time in-flight calls get on SIGTERM")
 
+
+def _ceph_flags(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("ceph")
     c.add_argument("--rados-osd-op-timeout", type=_duration, default=30.0)
     c.add_argument("--journal-lock-timeout", type=_duration, default=10.0,
@@ -84,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--rados-mon-op-timeout", type=_duration, default=30.0)
     c.add_argument("--client-mount-timeout", type=_duration, default=10.0)
 
+
+def _flatten_flags(p: argparse.ArgumentParser) -> None:
     f = p.add_argument_group("snapshots and clones (flatten policy, ceph-csi's flags)")
     f.add_argument("--rbdsoftmaxclonedepth", type=_positive(int), default=4,
                    help="new images deeper than this are flattened in the background (default %(default)s)")
@@ -94,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--maxsnapshotsonimage", type=_positive(int), default=450,
                    help="snapshot budget of an image; warned about when exceeded (default %(default)s)")
 
+
+def _node_flags(p: argparse.ArgumentParser) -> None:
     n = p.add_argument_group("node")
     n.add_argument("--kubelet-dir", default="/var/lib/kubelet", help="staging/target paths must be under it ('' disables)")
     n.add_argument("--state-dir", default="/var/lib/cephcsi", help="driver state on the host")
@@ -103,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--device-timeout", type=_duration, default=30.0)
     n.add_argument("--kubelet-registration-path", default="", help="CSI socket path as the kubelet sees it")
 
+
+def _sidecar_flags(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("embedded sidecars")
     s.add_argument("--sidecars", default="", help="comma list of loops to run, or 'none' (default: provisioner,attacher,resizer,snapshotter in controller mode, registrar in node mode)")
     s.add_argument("--kubeconfig", default="", help="kubeconfig path (default: in-cluster config)")
@@ -120,7 +134,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--http-endpoint", default="", help="host:port for /healthz, /readyz, /metrics")
     s.add_argument("--extra-create-metadata", type=_bool, nargs="?", const=True, default=False)
     s.add_argument("--default-fstype", default="ext4")
-    return p
 
 
 def _loops(text: str, mode: str, parser: argparse.ArgumentParser) -> tuple[str, ...]:
@@ -145,6 +158,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--leader-election-renew-deadline must be shorter than --leader-election-lease-duration")
     if a.leader_election_retry_period >= a.leader_election_renew_deadline:
         parser.error("--leader-election-retry-period must be shorter than --leader-election-renew-deadline")
+    return _settings(a, parser)
+
+
+def _settings(a: argparse.Namespace, parser: argparse.ArgumentParser) -> Settings:
     return Settings(
         mode=a.mode,
         endpoint=a.endpoint,
@@ -169,34 +186,42 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             min_snapshots_on_image=a.minsnapshotsonimage,
             max_snapshots_on_image=a.maxsnapshotsonimage,
         ),
-        node=NodeSettings(
-            node_id=a.nodeid,
-            kubelet_dir=a.kubelet_dir,
-            state_dir=a.state_dir,
-            mounter=a.mounter,
-            domain_labels=tuple(x.strip() for x in a.domainlabels.split(",") if x.strip()),
-            max_volumes_per_node=a.max_volumes_per_node,
-            device_timeout=a.device_timeout,
-        ),
-        sidecars=SidecarSettings(
-            enabled=_loops(a.sidecars, a.mode, parser),
-            kubeconfig=a.kubeconfig,
-            leader_election=a.leader_election,
-            leader_election_namespace=a.leader_election_namespace,
-            lease_duration=a.leader_election_lease_duration,
-            renew_deadline=a.leader_election_renew_deadline,
-            retry_period=a.leader_election_retry_period,
-            worker_threads=a.worker_threads,
-            timeout=a.timeout,
-            retry_interval_start=a.retry_interval_start,
-            retry_interval_max=a.retry_interval_max,
-            kube_api_qps=a.kube_api_qps,
-            kube_api_burst=a.kube_api_burst,
-            http_endpoint=a.http_endpoint,
-            extra_create_metadata=a.extra_create_metadata,
-            default_fstype=a.default_fstype,
-            kubelet_registration_path=a.kubelet_registration_path,
-        ),
+        node=_node_settings(a),
+        sidecars=_sidecar_settings(a, parser),
+    )
+
+
+def _node_settings(a: argparse.Namespace) -> NodeSettings:
+    return NodeSettings(
+        node_id=a.nodeid,
+        kubelet_dir=a.kubelet_dir,
+        state_dir=a.state_dir,
+        mounter=a.mounter,
+        domain_labels=tuple(x.strip() for x in a.domainlabels.split(",") if x.strip()),
+        max_volumes_per_node=a.max_volumes_per_node,
+        device_timeout=a.device_timeout,
+    )
+
+
+def _sidecar_settings(a: argparse.Namespace, parser: argparse.ArgumentParser) -> SidecarSettings:
+    return SidecarSettings(
+        enabled=_loops(a.sidecars, a.mode, parser),
+        kubeconfig=a.kubeconfig,
+        leader_election=a.leader_election,
+        leader_election_namespace=a.leader_election_namespace,
+        lease_duration=a.leader_election_lease_duration,
+        renew_deadline=a.leader_election_renew_deadline,
+        retry_period=a.leader_election_retry_period,
+        worker_threads=a.worker_threads,
+        timeout=a.timeout,
+        retry_interval_start=a.retry_interval_start,
+        retry_interval_max=a.retry_interval_max,
+        kube_api_qps=a.kube_api_qps,
+        kube_api_burst=a.kube_api_burst,
+        http_endpoint=a.http_endpoint,
+        extra_create_metadata=a.extra_create_metadata,
+        default_fstype=a.default_fstype,
+        kubelet_registration_path=a.kubelet_registration_path,
     )
 
 

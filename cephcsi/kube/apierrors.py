@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Callable
 
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
@@ -71,22 +72,31 @@ def is_transient(exc: BaseException) -> bool:
     return code is not None and (code == 429 or code >= 500)
 
 
+def _status_in(*codes: int) -> Callable[[BaseException], bool]:
+    return lambda exc: status_code(exc) in codes
+
+
+TABLE: tuple[tuple[Callable[[BaseException], bool], type[errors.ApiError], str], ...] = (
+    (is_timeout, errors.ApiTimeout, "{what}: the API server did not answer in time; retry"),
+    (_status_in(404), errors.ApiNotFound, "{what}: not found"),
+    (_status_in(409), errors.ApiConflict, "{what}: conflict ({reason}); retry"),
+    (_status_in(401, 403), errors.ApiForbidden, "{what}: refused by the API server ({code}); check the RBAC rules"),
+    (_status_in(400, 422), errors.ApiRejected, "{what}: rejected by the API server: {message}"),
+    (is_transient, errors.ApiUnavailable, "{what}: the API server is unavailable ({short}); retry"),
+    (lambda _exc: True, errors.ApiFailed, "{what}: unexpected API error ({short})"),
+)
+"""Failed API calls (the client's ApiException, urllib3's errors), first match wins. The same
+shape as the CSI side's tables (cephcsi.errors.Rule), kept apart because this layer knows
+nothing of CSI; cephcsi.sidecars.kubeerrors maps these classes onward."""
+
+
 def classify(exc: BaseException, what: str) -> errors.ApiError:
     """The kube error for a failed API call; `what` names the call, e.g. "get PVC ns/name"."""
-    code = status_code(exc)
-    if is_timeout(exc):
-        return errors.ApiTimeout(f"{what}: the API server did not answer in time; retry")
-    if code == 404:
-        return errors.ApiNotFound(f"{what}: not found")
-    if code == 409:
-        return errors.ApiConflict(f"{what}: conflict ({reason(exc) or 'stale object'}); retry")
-    if code in (401, 403):
-        return errors.ApiForbidden(f"{what}: refused by the API server ({code}); check the RBAC rules")
-    if code in (400, 422):
-        return errors.ApiRejected(f"{what}: rejected by the API server: {_message(exc)}")
-    if is_transient(exc):
-        return errors.ApiUnavailable(f"{what}: the API server is unavailable ({_short(exc)}); retry")
-    return errors.ApiFailed(f"{what}: unexpected API error ({_short(exc)})")
+    for matches, error, message in TABLE:
+        if matches(exc):
+            return error(message.format(what=what, reason=reason(exc) or "stale object", code=status_code(exc),
+                                        message=_message(exc), short=_short(exc)))
+    raise AssertionError("the table ends with a fallback row")
 
 
 def _message(exc: BaseException) -> str:

@@ -114,13 +114,16 @@ class Kube:
     # ---- claims and volumes ----------------------------------------------------------------
 
     def create_pvc(self, namespace: str, name: str, storage_class: str, size: str = "64Mi",
-                   block: bool = False) -> None:
+                   block: bool = False, access_mode: str = "ReadWriteOnce", volume_name: str = "") -> None:
+        """A claim of the class ("" and `volume_name`: a claim of that pre-provisioned PV)."""
         spec: dict[str, Any] = {
-            "accessModes": ["ReadWriteOnce"],
+            "accessModes": [access_mode],
             "storageClassName": storage_class,
             "resources": {"requests": {"storage": size}},
             "volumeMode": "Block" if block else "Filesystem",
         }
+        if volume_name:
+            spec["volumeName"] = volume_name
         self.core.create_namespaced_persistent_volume_claim(namespace, {"metadata": {"name": name}, "spec": spec})
 
     def pvc(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -151,6 +154,16 @@ class Kube:
     def pv(self, name: str) -> dict[str, Any] | None:
         return self._get(self.core.read_persistent_volume, name)
 
+    def create_pv(self, doc: dict[str, Any]) -> None:
+        self.core.create_persistent_volume(doc)
+
+    def delete_pv(self, name: str) -> None:
+        try:
+            self.core.delete_persistent_volume(name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
     def pvs(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = _json(self.core.list_persistent_volume(_preload_content=False))["items"]
         return items
@@ -166,7 +179,7 @@ class Kube:
     # ---- pods ---------------------------------------------------------------------------------
 
     def create_pod(self, namespace: str, name: str, image: str, script: str, claim: str,
-                   block: bool = False) -> None:
+                   block: bool = False, read_only: bool = False) -> None:
         """A pod running `sh -c script` as root with the claim at /data (or the raw device at
         /dev/e2e-block for a Block claim). Root: a Block device node is root:disk 0660."""
         container: dict[str, Any] = {
@@ -184,7 +197,7 @@ class Kube:
             "metadata": {"name": name},
             "spec": {
                 "containers": [container],
-                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}}],
                 "terminationGracePeriodSeconds": 5,
                 "enableServiceLinks": False,
                 "automountServiceAccountToken": False,

@@ -41,6 +41,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import select
 import signal
 import struct
 import time
@@ -54,7 +55,9 @@ from cephcsi.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    Rule,
     Unavailable,
+    translate_by,
 )
 from cephcsi.node import mounts
 from cephcsi.node.exec import CommandFailed, Runner, tail
@@ -82,6 +85,19 @@ RBD_FUSE_DEFAULT_POOL = "rbd"
 # rbd-fuse options that crash a libfuse3 build (see rbd_fuse_argv), and how that crash exits:
 # killed by SIGSEGV/SIGABRT (Ceph's handler re-raises), or 128+signal through a shell.
 _CRASH_CODES = frozenset({-11, -6, 139, 134})
+
+TABLE: tuple[Rule, ...] = (
+    Rule(PermissionDenied, "{what}: Ceph refused the credentials (wrong userID/userKey?): {stderr}",
+         phrases=("handle_auth_bad_method", "(13)", "permission denied")),
+    Rule(Unavailable, "{what}: cannot reach the Ceph monitors: {stderr}",
+         phrases=("timed out", "(110)", "(111)", "failed to fetch mon config")),
+)
+"""rbd-fuse failures by the phrases of its stderr; anything else stays the CommandFailed it was."""
+
+
+def translate(error: CommandFailed, what: str) -> CephCSIError:
+    """A failed rbd-fuse start → the error class a CO can act on."""
+    return translate_by(TABLE, set(), error.stderr.lower(), what=what, stderr=tail(error.stderr, 300)) or error
 
 
 def rbd_fuse_argv(conf: str, user_id: str, pool: str, namespace: str, image: str, mount_dir: str) -> list[str]:
@@ -210,6 +226,35 @@ def fuse_processes(mount_dir: str, proc: str = "/proc") -> list[int]:
     return pids
 
 
+def wait_for_exit(pids: list[int], timeout: float) -> None:
+    """Return when every pid has exited or after `timeout`. Waits on pidfds, which the kernel
+    makes readable at the exit itself: no polling interval is added to every unstage (the
+    daemonized rbd-fuse is not our child, so there is no waitpid)."""
+    fds: list[int] = []
+    try:
+        for pid in pids:
+            try:
+                fds.append(os.pidfd_open(pid))
+            except ProcessLookupError:
+                continue  # gone already
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        deadline = time.monotonic() + timeout
+        pending = len(fds)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            ready = poller.poll(left * 1000)
+            for fd, _events in ready:
+                poller.unregister(fd)
+                pending -= 1
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 class FuseMapper:
     name = FUSE
 
@@ -324,7 +369,7 @@ class FuseMapper:
                         f"namespace; {request.image} is not. Use the krbd or rbd-nbd mapper for it. "
                         f"{tail(error.stderr, 200)}"
                     ) from None
-                raise self._translate(error, what) from None
+                raise translate(error, what) from None
             # The first request waits for rbd-fuse's FUSE init (its Ceph connection); only then
             # may the key file go.
             state = mounts.probe_path(backing, self.connect_timeout + 5)
@@ -335,14 +380,6 @@ class FuseMapper:
         if state == "missing":
             raise NotFound(f"image {request.image} does not exist (rbd-fuse found no such image in the pool)")
         raise Unavailable(f"{what}: rbd-fuse did not connect to Ceph ({state}); see {os.path.join(request.work_dir, LOG_NAME)}")
-
-    def _translate(self, error: CommandFailed, what: str) -> CephCSIError:
-        text = error.stderr.lower()
-        if "handle_auth_bad_method" in text or "(13)" in text or "permission denied" in text:
-            return PermissionDenied(f"{what}: Ceph refused the credentials (wrong userID/userKey?): {tail(error.stderr, 300)}")
-        if "timed out" in text or "(110)" in text or "(111)" in text or "failed to fetch mon config" in text:
-            return Unavailable(f"{what}: cannot reach the Ceph monitors: {tail(error.stderr, 300)}")
-        return error
 
     def _attach_loop(self, backing: str, request: MapRequest) -> str:
         argv = ["losetup", "--find", "--show", "--direct-io=on"]
@@ -433,7 +470,7 @@ class FuseMapper:
                     f"loop device {device} for {backing} is still in use (mounted or open elsewhere); "
                     "release it and retry"
                 )
-            time.sleep(0.05)
+            time.sleep(0.01)
         log.info("loop device detached", extra=fields(device=device))
 
     @staticmethod
@@ -449,21 +486,19 @@ class FuseMapper:
         """Unmount rbd-fuse (which makes it close the image and exit) and wait for the exit, so
         its watch on the image is gone when unstage returns."""
         self.mounter.unmount(mount_dir)
-        deadline = time.monotonic() + _EXIT_WAIT
         for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            # Re-scanned each time: a pid is only signalled while it is still OUR rbd-fuse.
+            pids = fuse_processes(mount_dir)
+            if not pids:
+                return
             if sig is not None:
-                # Re-scanned each time: a pid is only signalled while it is still OUR rbd-fuse.
-                for pid in fuse_processes(mount_dir):
+                for pid in pids:
                     log.warning("rbd-fuse did not exit after unmount", extra=fields(pid=pid, path=mount_dir, signal=sig.name))
                     try:
                         os.kill(pid, sig)
                     except ProcessLookupError:
                         pass
-                deadline = time.monotonic() + 3
-            while fuse_processes(mount_dir) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if not fuse_processes(mount_dir):
-                return
+            wait_for_exit(pids, _EXIT_WAIT if sig is None else 3.0)
 
     def _remove_work_dir(self, work_dir: str) -> None:
         """Remove only what we put there; rmdir (never rmtree) keeps any surprise intact."""

@@ -13,7 +13,16 @@ import shlex
 from collections.abc import Callable
 
 from cephcsi.ceph.credentials import key_file
-from cephcsi.errors import CephCSIError, FailedPrecondition, Internal, NotFound, PermissionDenied, Unavailable
+from cephcsi.errors import (
+    CephCSIError,
+    FailedPrecondition,
+    Internal,
+    NotFound,
+    PermissionDenied,
+    Rule,
+    Unavailable,
+    translate_by,
+)
 from cephcsi.node.exec import CommandFailed, Runner, tail
 from cephcsi.node.mappers.base import MapRequest
 from cephcsi.node.stage_record import ImageSpec, StageRecord
@@ -56,23 +65,26 @@ def image_args(image: ImageSpec) -> list[str]:
     return args + ["--image", image.image]
 
 
+TABLE: tuple[Rule, ...] = (
+    Rule(FailedPrecondition, "{what}: this node cannot create the device ({message}); choose another mounter",
+         phrases=("failed to load rbd kernel module", "failed to find unused device")),
+    Rule(NotFound, "{what}: image {image} does not exist", errnos=frozenset({2}),
+         phrases=("error opening image", "does not exist", "image not found")),
+    Rule(PermissionDenied, "{what}: Ceph refused the credentials or their caps: {message}", errnos=frozenset({1, 13})),
+    Rule(Unavailable, "{what}: Ceph is unreachable: {message}", errnos=frozenset({110, 111, 113})),
+    Rule(FailedPrecondition, "{what}: the device is busy (still mounted or open): {message}", errnos=frozenset({16})),
+    Rule(Internal, "{message}"),
+)
+"""A failed `rbd device map/unmap` by the errnos ("(2) No such file…") and phrases of its stderr."""
+
+
 def translate(error: CommandFailed, what: str, image: ImageSpec) -> CephCSIError:
     """A failed rbd command → the error class a CO can act on."""
     text = ceph_stderr(error.stderr)
-    message = failure(error, what)
     codes = {int(code) for code in _ERRNO.findall(text)}
-    lowered = text.lower()
-    if "failed to load rbd kernel module" in lowered or "failed to find unused device" in lowered:
-        return FailedPrecondition(f"{what}: this node cannot create the device ({message}); choose another mounter")
-    if 2 in codes and ("error opening image" in lowered or "does not exist" in lowered or "image not found" in lowered):
-        return NotFound(f"{what}: image {image} does not exist")
-    if codes & {1, 13}:
-        return PermissionDenied(f"{what}: Ceph refused the credentials or their caps: {message}")
-    if codes & {110, 111, 113}:
-        return Unavailable(f"{what}: Ceph is unreachable: {message}")
-    if 16 in codes:
-        return FailedPrecondition(f"{what}: the device is busy (still mounted or open): {message}")
-    return Internal(message)
+    found = translate_by(TABLE, codes, text.lower(), what=what, image=image, message=failure(error, what))
+    assert found is not None  # the table ends with a fallback row
+    return found
 
 
 class RbdDeviceMapper:

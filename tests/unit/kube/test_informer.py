@@ -318,7 +318,6 @@ def test_enqueue_handler_feeds_a_work_queue(server: FakeServer) -> None:
 
 
 def test_stop_during_watch_request_does_not_leave_a_blocked_stream(server: FakeServer) -> None:
-    informer = Informer(server, name="fake", settings=FAST)
     real_call = server.__call__
     entered, release = threading.Event(), threading.Event()
 
@@ -328,7 +327,7 @@ def test_stop_during_watch_request_does_not_leave_a_blocked_stream(server: FakeS
             release.wait(2)  # the request is "in flight" when stop() runs
         return real_call(**kwargs)
 
-    informer._list_func = slow_watch  # noqa: SLF001 - simulate a slow server response
+    informer = Informer(slow_watch, name="fake", settings=FAST)
     informer.start()
     assert entered.wait(2)
     stopper = threading.Thread(target=informer.stop, kwargs={"timeout": 3})

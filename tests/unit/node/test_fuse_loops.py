@@ -127,3 +127,37 @@ def test_loop_status_of_something_that_is_no_loop(tmp_path: os.PathLike[str]) ->
     path = os.path.join(tmp_path, "file")
     open(path, "w").close()
     assert loop_status(path) is None  # ENOTTY from a regular file: not an attached loop
+
+
+def test_wait_for_exit_returns_at_the_exit_not_at_a_poll_interval() -> None:
+    import subprocess
+    import threading
+
+    from cephcsi.node.mappers.fuse import wait_for_exit
+
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        stopper = threading.Timer(0.05, child.terminate)
+        stopper.start()
+        wait_for_exit([child.pid], timeout=60)
+        # The pidfd turns readable when the process exits (still a zombie here: not reaped).
+        assert child.poll() is not None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_wait_for_exit_gives_up_at_its_timeout_and_skips_gone_pids() -> None:
+    import subprocess
+
+    from cephcsi.node.mappers.fuse import wait_for_exit
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        wait_for_exit([gone.pid, child.pid], timeout=0.05)
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
