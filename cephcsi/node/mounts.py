@@ -18,11 +18,12 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from cephcsi.errors import DeadlineExceeded, FailedPrecondition
-from cephcsi.node.exec import CommandFailed, Runner
+from cephcsi.errors import DeadlineExceeded, FailedPrecondition, Internal
+from cephcsi.node import mount_syscalls
+from cephcsi.node.exec import Runner
 from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)
@@ -161,6 +162,13 @@ def probe_path(path: str, timeout: float) -> str:
     return outcome["state"]
 
 
+def _syscall(what: str, call: Callable[..., None], *args: object) -> None:
+    try:
+        call(*args)
+    except OSError as error:
+        raise Internal(f"{what} failed: {error.strerror}") from None
+
+
 class Mounter:
     """mount/umount through the command runner; every operation is idempotent."""
 
@@ -176,20 +184,37 @@ class Mounter:
 
     def bind(self, source: str, target: str, read_only: bool = False, options: Sequence[str] = ()) -> None:
         """Bind mount; read-only needs a second remount step (the kernel ignores ro on MS_BIND)."""
-        self.run(["mount", "--bind", source, target], what=f"bind mount {source} at {target}", timeout=self.timeout)
         flags = [flag for flag in options if flag not in ("rw", "ro", "bind", "remount")]
+        if not mount_syscalls.supported(flags):
+            self._bind_with_mount8(source, target, read_only, flags)
+            return
+        what = f"bind mount {source} at {target}"
+        _syscall(what, mount_syscalls.bind, source, target)
+        log.debug("bind mounted", extra=fields(source=source, target=target))
         if read_only or flags:
-            remount = ["remount", "bind", "ro" if read_only else "rw", *flags]
             try:
-                self.run(
-                    ["mount", "-o", ",".join(remount), target],
-                    what=f"remount {target} with {','.join(remount[2:])}",
-                    timeout=self.timeout,
-                )
+                entry = top_mount(target, read_mounts())
+                _syscall(f"remount {target} {'read-only' if read_only else 'with ' + ','.join(flags)}",
+                         mount_syscalls.remount_bind, target, ["ro" if read_only else "rw", *flags],
+                         entry.options if entry is not None else ())
             except Exception:
                 # Never leave a writable bind behind when read-only was asked for.
                 self.unmount(target)
                 raise
+
+    def _bind_with_mount8(self, source: str, target: str, read_only: bool, flags: Sequence[str]) -> None:
+        """mount(8) for options beyond the per-mount flags mount_syscalls knows."""
+        self.run(["mount", "--bind", source, target], what=f"bind mount {source} at {target}", timeout=self.timeout)
+        remount = ["remount", "bind", "ro" if read_only else "rw", *flags]
+        try:
+            self.run(
+                ["mount", "-o", ",".join(remount), target],
+                what=f"remount {target} with {','.join(remount[2:])}",
+                timeout=self.timeout,
+            )
+        except Exception:
+            self.unmount(target)
+            raise
 
     def unmount(self, target: str) -> None:
         """Unmount everything stacked on target. Missing or not-mounted targets are fine."""
@@ -197,16 +222,16 @@ class Mounter:
             if not is_mount_point(target):
                 return
             try:
-                self.run(["umount", target], what=f"unmount {target}", timeout=self.timeout)
-            except CommandFailed as error:
-                if not is_mount_point(target):
-                    return  # raced with someone else's unmount
-                if "busy" in error.stderr.lower():
+                unmounted = mount_syscalls.unmount(target)
+            except OSError as error:
+                if error.errno == errno.EBUSY:
                     raise FailedPrecondition(
                         f"cannot unmount {target}: it is busy (a process still uses files on the volume); "
                         "stop it and retry"
                     ) from None
-                raise
+                raise Internal(f"cannot unmount {target}: {error.strerror}") from None
+            if not unmounted and not is_mount_point(target):
+                return  # raced with someone else's unmount
             log.info("unmounted", extra=fields(path=target))
         if is_mount_point(target):
             raise FailedPrecondition(f"{target} still has mounts stacked on it after 8 unmounts; inspect it by hand")

@@ -190,3 +190,44 @@ def test_priority_classes_exist(control_plane: ControlPlane) -> None:
         for kind in ("Deployment", "DaemonSet"):
             name = m.find(RENDERED, kind)["spec"]["template"]["spec"]["priorityClassName"]
             scheduling.read_priority_class(name)
+
+
+MICROK8S = Path(__file__).resolve().parents[3] / "overlays" / "microk8s"
+MICROK8S_KUBELET = "/var/snap/microk8s/common/var/lib/kubelet"
+
+
+@pytest.fixture(scope="module")
+def microk8s_rendered() -> list[dict[str, Any]]:
+    """overlays/microk8s/ rendered by the real `kubectl kustomize` (the e2e node's kubectl, built
+    by the set-up command), as `kubectl apply -k overlays/microk8s/` would send it."""
+    from tests.e2e.kubenode import node_binaries
+
+    kubectl = node_binaries() / "kubectl"
+    out = subprocess.run([str(kubectl), "kustomize", str(MICROK8S)], check=True, capture_output=True, text=True,
+                         timeout=120).stdout
+    return [obj for obj in yaml.safe_load_all(out) if obj]
+
+
+def test_microk8s_overlay_moves_every_kubelet_path(microk8s_rendered: list[dict[str, Any]]) -> None:
+    """The overlay's `test` ops pin deploy/'s paths; here: nothing of the node plugin still names
+    /var/lib/kubelet outside MicroK8s' folder, and every other object is deploy/'s unchanged."""
+    daemonset = next(o for o in microk8s_rendered if o["kind"] == "DaemonSet")
+    text = yaml.safe_dump(daemonset).replace(MICROK8S_KUBELET, "")
+    assert "/var/lib/kubelet" not in text
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    assert f"--kubelet-dir={MICROK8S_KUBELET}" in container["args"]
+    assert f"--kubelet-registration-path={MICROK8S_KUBELET}/plugins/rbd.csi.ceph.com/csi.sock" in container["args"]
+    for mount in container["volumeMounts"]:
+        if mount["mountPath"].startswith(MICROK8S_KUBELET):
+            # Same path inside and out: the kubelet hands the plugin host paths.
+            volume = next(v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+            assert volume["hostPath"]["path"] == mount["mountPath"]
+    others = {m.key(o): o for o in microk8s_rendered if o["kind"] != "DaemonSet"}
+    assert others == {m.key(o): o for o in RENDERED if o["kind"] != "DaemonSet"}
+
+
+def test_microk8s_overlay_is_accepted(microk8s_rendered: list[dict[str, Any]], admin_applier: Applier,
+                                      deploy_namespace: str) -> None:
+    daemonset = next(o for o in microk8s_rendered if o["kind"] == "DaemonSet")
+    reply = admin_applier.apply(daemonset, dry_run=True)
+    assert reply["metadata"]["namespace"] == deploy_namespace
