@@ -398,8 +398,10 @@ class LeaderElector:
         with self._state:
             self._gen += 1  # from here on, late renewals of this term are ignored
             fence_by = self._last_renew + self.config.effective_fence_deadline
-        log.warning("leadership ending", extra={"fields": {"lease": self.lock.describe(), "identity": self.identity,
-                                                "reason": reason}})
+        # A stop we were asked for (SIGTERM, shutdown) is routine; a lost lease or failed renewal is not.
+        level = logging.INFO if reason == "stopped" else logging.WARNING
+        log.log(level, "leadership ending", extra={"fields": {"lease": self.lock.describe(), "identity": self.identity,
+                                                   "reason": reason}})
         if not self._fence(lead_stop, loops, fence_by):
             return
         renewer.join(self.config.request_timeout)
