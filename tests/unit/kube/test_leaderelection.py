@@ -22,12 +22,15 @@ class MemoryLock:
         self.version = 0
         self.fail = False
         self.writes = 0
+        self.attempts = 0
+        """Calls of get/create/update, failed or not: the elector's progress, for waiting on."""
         self._lock = threading.Lock()
 
     def describe(self) -> str:
         return "test/lease"
 
     def _check(self) -> None:
+        self.attempts += 1
         if self.fail:
             raise ConnectionError("apiserver unreachable")
 
@@ -283,7 +286,9 @@ def test_failed_renewals_stop_the_loops_at_the_renew_deadline() -> None:
         lock.fail = True
         deadline = el.renew_deadline_at()
         clock.advance(2.9)
-        time.sleep(0.2)
+        # Several failed renewals at this (fake) time: had the deadline been reached, it would show.
+        seen = lock.attempts
+        assert wait_until(lambda: lock.attempts >= seen + 3)
         assert not loops.stopped.is_set() and el.is_leader
         clock.advance(0.2)  # past last renewal start + renew deadline
         assert clock.monotonic() >= deadline
@@ -325,8 +330,10 @@ def test_loops_that_do_not_stop_trigger_the_fencing_failure_hook() -> None:
         assert loops.started.wait(2)
         lock.fail = True
         clock.advance(3.1)
-        time.sleep(0.2)
-        assert not fenced.is_set()  # still inside the fence budget (0.9 * 4s after the renewal)
+        # The elector has asked the loops to stop and is waiting for them (its fence budget runs
+        # on the fake clock, so no amount of real time may trip it before the next advance).
+        assert wait_until(lambda: loops.stop_event is not None and loops.stop_event.is_set())
+        assert not fenced.wait(0.2)  # still inside the fence budget (0.9 * 4s after the renewal)
         clock.advance(0.5)
         assert fenced.wait(2)
         assert el.is_leader  # leader-only work may still run: is_leader must not lie

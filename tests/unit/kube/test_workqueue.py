@@ -58,11 +58,12 @@ def test_done_without_readd_does_not_requeue() -> None:
 def test_get_blocks_until_add() -> None:
     q = fast_queue("blocking")
     got: list[str | None] = []
-    t = threading.Thread(target=lambda: got.append(q.get(2)))
+    t = threading.Thread(target=lambda: got.append(q.get(30)))
     t.start()
-    time.sleep(0.05)
+    t.join(0.05)
+    assert t.is_alive() and got == [], "get() must block while the queue is empty"
     q.add("x")
-    t.join(2)
+    t.join(30)
     assert got == ["x"]
 
 
@@ -91,19 +92,21 @@ def test_item_backoff_survives_many_failures() -> None:
 
 
 def test_add_rate_limited_waits_for_the_items_backoff() -> None:
-    q = fast_queue("ratelimited", base=0.1, cap=1.0)
+    # Lower bounds only (a sleep never ends early); the delays are long enough that "not yet"
+    # holds even when this thread is descheduled for a while.
+    q = fast_queue("ratelimited", base=0.3, cap=1.0)
     start = time.monotonic()
     q.add_rate_limited("a")
     assert q.get(0.05) is None  # not yet
-    assert q.get(1) == "a"
+    assert q.get(30) == "a"
     first = time.monotonic() - start
     q.done("a")
     start = time.monotonic()
     q.add_rate_limited("a")
-    assert q.get(1) == "a"
+    assert q.get(30) == "a"
     second = time.monotonic() - start
-    assert first >= 0.1
-    assert second >= 0.2
+    assert first >= 0.3
+    assert second >= 0.6
     assert q.num_requeues("a") == 2
     q.forget("a")
     assert q.num_requeues("a") == 0
@@ -112,16 +115,16 @@ def test_add_rate_limited_waits_for_the_items_backoff() -> None:
 def test_add_after_delays_and_collapses_to_earliest() -> None:
     q = fast_queue("after")
     start = time.monotonic()
-    q.add_after("a", 0.6)
+    q.add_after("a", 60)
     q.add_after("a", 0.1)
-    q.add_after("a", 0.4)
+    q.add_after("a", 40)
     assert q.waiting() == 1
-    assert q.get(1) == "a"
-    elapsed = time.monotonic() - start
-    assert 0.09 <= elapsed < 0.4
+    assert q.get(30) == "a"  # within 30 s: the 0.1 s entry, not a 40 or 60 s one
+    assert time.monotonic() - start >= 0.1
     q.done("a")
     # The later entries were superseded, not kept.
-    assert q.get(0.7) is None
+    assert q.waiting() == 0
+    assert q.get(0) is None
 
 
 def test_add_after_non_positive_is_immediate() -> None:
@@ -139,9 +142,8 @@ def test_shut_down_is_immediate() -> None:
     assert q.get(0) is None
     q.add("d")
     assert len(q) == 0
-    time.sleep(0.1)
-    assert q.get(0) is None
-    assert q.waiting() == 0
+    assert q.waiting() == 0, "the delayed add was dropped, so it can never come back"
+    assert q.get(0.1) is None
 
 
 def test_shut_down_wakes_blocked_getters() -> None:
@@ -150,10 +152,12 @@ def test_shut_down_wakes_blocked_getters() -> None:
     threads = [threading.Thread(target=lambda: results.append(q.get())) for _ in range(3)]
     for t in threads:
         t.start()
-    time.sleep(0.05)
+    for t in threads:
+        t.join(0.02)
+    assert all(t.is_alive() for t in threads) and results == [], "getters block on an empty queue"
     q.shut_down()
     for t in threads:
-        t.join(1)
+        t.join(30)
     assert results == [None, None, None]
 
 
@@ -188,8 +192,7 @@ def test_drain_includes_key_re_added_during_processing() -> None:
 
     t = threading.Thread(target=drain)
     t.start()
-    time.sleep(0.05)
-    assert not done.is_set()
+    assert not done.wait(0.05), "the drain waits for the key being processed"
     q.done("a")
     assert q.get(0.5) == "a"  # still handed out while draining
     q.done("a")
@@ -299,7 +302,10 @@ def test_workers_stop_after_current_key() -> None:
     assert started.wait(2)
     stopper = threading.Thread(target=workers.stop, kwargs={"timeout": 3})
     stopper.start()
-    time.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while not q.shutting_down:  # the stop has begun while "a" is still processing
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
     release.set()
     stopper.join(3)
     assert workers.alive() == 0

