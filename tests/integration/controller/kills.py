@@ -42,16 +42,29 @@ def killable(config_file: str) -> Iterator[DriverProcess]:
 
 
 class Progress:
-    """Completed calls of a phase, so kills are spread over it however fast it runs."""
+    """Completed calls of a phase, so kills are spread over it however fast it runs.
 
-    def __init__(self) -> None:
+    A call that completes at a kill threshold waits (in its worker) until the killer has taken
+    that kill: otherwise a fast phase could finish before the killer thread woke up, and the
+    kill would not happen at all (or after the phase)."""
+
+    def __init__(self, thresholds: Sequence[int] = ()) -> None:
         self.done = 0
         self.finished = False
+        self.kills_taken = 0
+        self.thresholds = sorted(thresholds)
         self.changed = threading.Condition()
 
     def advance(self) -> None:
         with self.changed:
             self.done += 1
+            self.changed.notify_all()
+            owed = sum(1 for threshold in self.thresholds if threshold <= self.done)
+            self.changed.wait_for(lambda: self.kills_taken >= owed or self.finished, timeout=120)
+
+    def took_kill(self) -> None:
+        with self.changed:
+            self.kills_taken += 1
             self.changed.notify_all()
 
     def finish(self) -> None:
@@ -62,7 +75,7 @@ class Progress:
     def wait_for(self, count: int) -> bool:
         with self.changed:
             self.changed.wait_for(lambda: self.done >= count or self.finished, timeout=300)
-            return not self.finished
+            return self.done >= count and not self.finished
 
 
 def _killer(driver: DriverProcess, progress: Progress, thresholds: Sequence[int], jitter: float, kills: list[int]) -> None:
@@ -74,6 +87,7 @@ def _killer(driver: DriverProcess, progress: Progress, thresholds: Sequence[int]
         driver.process.kill()  # not DriverProcess.kill: the callers' channel stays open
         driver.process.wait()
         kills.append(progress.done)
+        progress.took_kill()
         driver.start()
 
 
@@ -89,7 +103,7 @@ def run_phase(
     counts at each kill)."""
     margin = max(1, len(calls) // 10)
     thresholds = sorted(random.sample(range(margin, len(calls) - margin), kills_per_phase))
-    progress = Progress()
+    progress = Progress(thresholds)
     kills: list[int] = []
     killer = threading.Thread(target=_killer, args=(driver, progress, thresholds, jitter, kills))
 

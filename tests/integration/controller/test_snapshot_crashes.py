@@ -162,6 +162,21 @@ def _kill_inside_clone(cluster: CephTestCluster, parent: str, snap: str, child: 
     process.wait()
 
 
+def _remove_when_unwatched(cluster: CephTestCluster, name: str, deadline: float = 90) -> None:
+    """Remove the image for the next attempt; the child killed in the previous one may still hold
+    a watch on it (it opened the image), which lasts until the OSD's watch timeout."""
+    give_up = time.monotonic() + deadline
+    with admin_ioctx(cluster) as io:
+        while True:
+            try:
+                rbd.RBD().remove(io, name)
+                return
+            except rbd.ImageBusy:
+                if time.monotonic() > give_up:
+                    raise
+                time.sleep(0.5)
+
+
 def _clone_state(cluster: CephTestCluster, name: str) -> str:
     with admin_ioctx(cluster) as io:
         try:
@@ -190,8 +205,7 @@ def test_restore_killed_inside_librbd_clone(fresh_driver: Callable[..., DriverPr
     name = image_of(volume.volume_id)
     seen: set[str] = set()
     for attempt in range(40):
-        with admin_ioctx(ceph_cluster) as io:
-            rbd.RBD().remove(io, name)
+        _remove_when_unwatched(ceph_cluster, name)
         _kill_inside_clone(ceph_cluster, snap_image, snap_image, name, max_delay=0.01 + 0.002 * attempt)
         seen.add(_clone_state(ceph_cluster, name))
         again = _retry(lambda: driver.controller.CreateVolume(request, timeout=60)).volume  # type: ignore[attr-defined]
