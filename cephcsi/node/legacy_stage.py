@@ -21,7 +21,6 @@ Here such a stage is:
 """
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -132,16 +131,4 @@ class LegacyUnstager:
 
 
 def _remove_mount_point(path: str) -> None:
-    try:
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.rmdir(path)
-        elif os.path.isfile(path) and os.path.getsize(path) == 0:
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as error:
-        if error.errno == errno.ENOTEMPTY:
-            raise FailedPrecondition(
-                f"{path} is not a mount point but is not empty; move its files away and retry"
-            ) from None
-        raise Internal(f"cannot remove {path}: {error.strerror}") from None
+    mounts.remove_mount_point(path, "move its files away and retry")

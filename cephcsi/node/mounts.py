@@ -162,6 +162,22 @@ def probe_path(path: str, timeout: float) -> str:
     return outcome["state"]
 
 
+def remove_mount_point(path: str, not_empty: str) -> None:
+    """Remove an unmounted mount point: an empty directory, or the empty file a block volume is
+    bound onto. Anything holding data stays, with `not_empty` (what to do) in the error."""
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.rmdir(path)
+        elif os.path.isfile(path) and os.path.getsize(path) == 0:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        if error.errno == errno.ENOTEMPTY:
+            raise FailedPrecondition(f"{path} is not a mount point but is not empty; {not_empty}") from None
+        raise Internal(f"cannot remove {path}: {error.strerror}") from None
+
+
 def _syscall(what: str, call: Callable[..., None], *args: object) -> None:
     try:
         call(*args)

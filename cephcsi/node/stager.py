@@ -14,7 +14,6 @@ FAILED_PRECONDITION, while the volume is still published somewhere under the kub
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -476,17 +475,5 @@ def _remove_leftovers(staging_path: str) -> None:
         path = os.path.join(staging_path, name)
         if mounts.is_mount_point(path):
             raise Internal(f"{path} is still mounted after unmounting; inspect it by hand")
-        try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                os.rmdir(path)
-            elif os.path.isfile(path) and os.path.getsize(path) == 0:
-                os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as error:
-            if error.errno == errno.ENOTEMPTY:
-                raise FailedPrecondition(
-                    f"{path} is not a mount point but is not empty; something wrote into the staging directory "
-                    "while the volume was not mounted. Move the files away and retry"
-                ) from None
-            raise Internal(f"cannot remove {path}: {error.strerror}") from None
+        mounts.remove_mount_point(path, "something wrote into the staging directory while the volume was not "
+                                        "mounted. Move the files away and retry")
