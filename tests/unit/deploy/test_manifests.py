@@ -260,7 +260,7 @@ def test_controller_is_non_root_read_only_and_unprivileged() -> None:
 def test_controller_resources_have_requests_and_a_memory_limit() -> None:
     _, _, container = controller()
     resources = container["resources"]
-    assert resources["requests"]["memory"] == "128Mi"
+    assert resources["requests"]["memory"] == "160Mi"  # above the measured 136 MiB burst peak
     assert resources["requests"]["cpu"]
     assert resources["limits"]["memory"] == "512Mi"
 
