@@ -48,6 +48,10 @@ class KubeApi:
                               lambda: self._core.read_namespaced_persistent_volume_claim(
                                   name, namespace, _preload_content=False))
 
+    def get_storage_class(self, name: str) -> KubeObject | None:
+        return self._optional(f'get StorageClass "{name}"',
+                              lambda: self._storage.read_storage_class(name, _preload_content=False))
+
     # ---- PersistentVolumes ---------------------------------------------------------------------------
 
     def create_pv(self, body: KubeObject) -> KubeObject | None:

@@ -37,13 +37,11 @@ free device first (checked with 14 concurrent attaches).
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import logging
 import os
 import select
 import signal
-import struct
 import time
 from collections.abc import Callable
 
@@ -61,6 +59,7 @@ from cephcsi.errors import (
 )
 from cephcsi.node import mounts
 from cephcsi.node.exec import CommandFailed, Runner, tail
+from cephcsi.node.mappers import loops
 from cephcsi.node.mappers.base import FUSE, MapRequest
 from cephcsi.node.stage_record import LoopBacking, StageRecord
 from cephcsi.observability.logging import fields
@@ -72,13 +71,7 @@ MOUNT_DIR = "mnt"
 CONF_NAME = "ceph.conf"
 LOG_NAME = "rbd-fuse.log"
 KEY_PREFIX = "cephcsi-key-"
-_SYS_BLOCK = "/sys/block"
 _EXIT_WAIT = 10.0
-_LOOP_GET_STATUS64 = 0x4C05  # linux/loop.h
-# struct loop_info64: lo_device, lo_inode, lo_rdevice, lo_offset, lo_sizelimit (u64); lo_number,
-# lo_encrypt_type, lo_encrypt_key_size, lo_flags (u32); lo_file_name[64]; ... 232 bytes in all.
-_LOOP_INFO64 = struct.Struct("=QQQQQIIII64s")
-_LOOP_INFO64_SIZE = 232
 
 
 RBD_FUSE_DEFAULT_POOL = "rbd"
@@ -126,87 +119,6 @@ def _passes_pool_or_namespace(argv: list[str]) -> bool:
 
 def backing_file(work_dir: str, image: str) -> str:
     return os.path.join(work_dir, MOUNT_DIR, image)
-
-
-def loops_backed_by(path: str, sys_block: str | None = None) -> list[str]:
-    """Loop devices whose backing file is `path` (what `losetup -j` reports, read from sysfs)."""
-    return [device for device, backing in attached_loops(sys_block) if backing == path]
-
-
-def loops_under(directory: str, sys_block: str | None = None) -> list[tuple[str, str]]:
-    """(device, backing file) of loop devices backed by a file under `directory`."""
-    prefix = directory.rstrip("/") + "/"
-    return [(device, backing) for device, backing in attached_loops(sys_block) if backing.startswith(prefix)]
-
-
-def attached_loops(sys_block: str | None = None) -> list[tuple[str, str]]:
-    """(device, backing file) for every attached loop device, from sysfs."""
-    sys_block = sys_block or _SYS_BLOCK
-    found: list[tuple[str, str]] = []
-    try:
-        names = sorted(os.listdir(sys_block))
-    except OSError:
-        return found
-    for name in names:
-        if not name.startswith("loop"):
-            continue
-        try:
-            with open(os.path.join(sys_block, name, "loop", "backing_file"), encoding="utf-8", errors="replace") as fh:
-                backing = fh.read().rstrip("\n")
-        except OSError:
-            continue  # not attached
-        found.append((f"/dev/{name}", backing.removesuffix(" (deleted)")))
-    return found
-
-
-def loop_status(device: str) -> LoopBacking | None:
-    """What LOOP_GET_STATUS64 says `device` is attached to; None when it is not an attached loop
-    device (ENXIO), cannot be opened, or its backing file cannot be stat'ed (the kernel stats it
-    for this call: a FUSE mount whose daemon died answers ENOTCONN)."""
-    try:
-        fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        buffer = fcntl.ioctl(fd, _LOOP_GET_STATUS64, bytes(_LOOP_INFO64_SIZE))
-    except OSError as error:
-        if error.errno != errno.ENXIO:
-            log.debug("cannot read loop device status", extra=fields(device=device, error=error.strerror))
-        return None
-    finally:
-        os.close(fd)
-    backing_dev, inode, *_, raw_name = _LOOP_INFO64.unpack_from(buffer)
-    name = raw_name.split(b"\0", 1)[0].decode("utf-8", "replace")
-    return LoopBacking(device, loop_diskseq(device), name, os.major(backing_dev), os.minor(backing_dev), inode)
-
-
-def loop_diskseq(device: str) -> int:
-    """The loop device's disk sequence number (0 when the kernel has none)."""
-    try:
-        with open(os.path.join(_SYS_BLOCK, os.path.basename(device), "diskseq"), encoding="ascii") as fh:
-            return int(fh.read().strip() or 0)
-    except (OSError, ValueError):
-        return 0
-
-
-def recorded_loop_state(recorded: LoopBacking, backing: str | None, image: str) -> str:
-    """Whether the loop device a stage recorded is still that attachment: 'gone' (not attached),
-    'ours', 'other' (the name now serves another file), or 'unknown' (no diskseq on this kernel
-    and the backing file cannot be stat'ed)."""
-    if backing is None:
-        return "gone"
-    if os.path.basename(backing) != image:
-        return "other"
-    current = loop_diskseq(recorded.device)
-    if recorded.diskseq and current:
-        return "ours" if current == recorded.diskseq else "other"
-    status = loop_status(recorded.device)
-    if status is None:
-        return "unknown"
-    same = (status.file_name, status.backing_major, status.backing_minor, status.backing_inode) == (
-        recorded.file_name, recorded.backing_major, recorded.backing_minor, recorded.backing_inode
-    )
-    return "ours" if same else "other"
 
 
 def fuse_processes(mount_dir: str, proc: str = "/proc") -> list[int]:
@@ -290,9 +202,9 @@ class FuseMapper:
         backing = backing_file(request.work_dir, request.image.image)
         if not self._fuse_ready(mount_dir, backing, str(request.image)):
             self._start_fuse(request, mount_dir, backing)
-        loops = loops_backed_by(backing)
-        if loops:
-            device = loops[0]
+        attached = loops.loops_backed_by(backing)
+        if attached:
+            device = attached[0]
             log.info("loop device already attached", extra=fields(device=device, image=str(request.image)))
         else:
             device = self._attach_loop(backing, request)
@@ -319,7 +231,7 @@ class FuseMapper:
         if state == "ok":
             return True
         log.warning("stale rbd-fuse mount, replacing it", extra=fields(path=mount_dir, state=state, image=image))
-        for loop in loops_backed_by(backing):
+        for loop in loops.loops_backed_by(backing):
             self._detach_loop(loop, backing)
         self.mounter.unmount(mount_dir)
         return False
@@ -397,16 +309,16 @@ class FuseMapper:
     def find(self, record: StageRecord) -> str | None:
         if not record.work_dir:
             return None
-        loops = loops_backed_by(backing_file(record.work_dir, record.image))
-        return loops[0] if loops else None
+        attached = loops.loops_backed_by(backing_file(record.work_dir, record.image))
+        return attached[0] if attached else None
 
     def loop_backing(self, device: str) -> LoopBacking | None:
         """The identity to record for the loop device a stage uses (None: not an attached loop)."""
-        status = loop_status(device)
+        status = loops.loop_status(device)
         if status is None:
             # Still recorded by name and sequence number, which is what a dead mount needs.
             backing = self._backing_of(device)
-            return LoopBacking(device, loop_diskseq(device), backing) if backing else None
+            return LoopBacking(device, loops.loop_diskseq(device), backing) if backing else None
         return status
 
     def unmap(self, record: StageRecord) -> None:
@@ -418,7 +330,7 @@ class FuseMapper:
             raise Internal(f"stage record names work dir {work_dir} outside {self.root}; inspect it by hand")
         mount_dir = os.path.join(work_dir, MOUNT_DIR)
         # By directory, not by image name: a re-derived record may not know the image.
-        for loop, backing in loops_under(mount_dir):
+        for loop, backing in loops.loops_under(mount_dir):
             self._detach_loop(loop, backing)
         self.unmap_recorded_loop(record)
         self._stop_fuse(mount_dir)
@@ -433,7 +345,7 @@ class FuseMapper:
         if recorded is None:
             return
         backing = self._backing_of(recorded.device)
-        state = recorded_loop_state(recorded, backing, record.image)
+        state = loops.recorded_loop_state(recorded, backing, record.image)
         if state == "gone":
             return  # detached already (by the search by path, or by hand)
         if state == "other":
@@ -477,7 +389,7 @@ class FuseMapper:
     def _backing_of(device: str) -> str | None:
         name = os.path.basename(device)
         try:
-            with open(os.path.join(_SYS_BLOCK, name, "loop", "backing_file"), encoding="utf-8", errors="replace") as fh:
+            with open(os.path.join(loops.SYS_BLOCK, name, "loop", "backing_file"), encoding="utf-8", errors="replace") as fh:
                 return fh.read().rstrip("\n").removesuffix(" (deleted)")
         except OSError:
             return None

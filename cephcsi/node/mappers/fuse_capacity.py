@@ -23,7 +23,7 @@ from collections.abc import Callable
 from cephcsi.errors import CephCSIError
 from cephcsi.node import devices
 from cephcsi.node.exec import Runner
-from cephcsi.node.mappers.fuse import loops_under
+from cephcsi.node.mappers.loops import loops_under
 from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,13 @@ class ProvisionerContext:
     """VolumeSnapshot reads for claims restored from a snapshot (cephcsi.sidecars.provisioner.datasource)."""
 
     def storage_class(self, name: str) -> KubeObject | None:
-        return self.classes.get(name) if name else None
+        """The claim's class from the cache, or live when the cache lacks it: a class created just
+        before its claim may not have reached the informer yet, and a 'not found' event for a class
+        that exists would send a user hunting for a typo."""
+        if not name:
+            return None
+        cached = self.classes.get(name)
+        return cached if cached is not None else self.api.get_storage_class(name)
 
     def claim_by_uid(self, key: str, uid: str) -> KubeObject | None:
         """The cached claim at `key` if it is still the incarnation with `uid`."""

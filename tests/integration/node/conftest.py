@@ -24,7 +24,7 @@ import grpc
 import pytest
 
 from cephcsi._generated import csi_pb2
-from cephcsi.node.mappers.fuse import attached_loops
+from cephcsi.node.mappers.loops import attached_loops
 from cephcsi.node.mounts import read_mounts
 from cephcsi.volumes.volume_id import VolumeId
 from tests.ceph.fixtures import CephTestCluster

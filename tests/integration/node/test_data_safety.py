@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from cephcsi.node.mappers.fuse import attached_loops
+from cephcsi.node.mappers.loops import attached_loops
 from cephcsi.node.stage_record import RECORD_NAME
 from cephcsi.volumes.volume_id import VolumeId
 from tests.ceph.fixtures import CephTestCluster

@@ -6,13 +6,13 @@ import pytest
 
 from bench.kube import Deletion, size_text
 from bench.kubestats import burst
-from bench.sections.kube_provisioning import _bound_pv
+from bench.kube_floors import bound_pv
 
 pytestmark = pytest.mark.unit
 
 
 def test_the_zero_cost_pv_is_bound_to_the_claim_by_uid() -> None:
-    pv = _bound_pv("bench-x-data", "ns", "data", "uid-1", "1024Mi", "cls")
+    pv = bound_pv("bench-x-data", "ns", "data", "uid-1", "1024Mi", "cls")
     spec = pv["spec"]
     assert spec["claimRef"] == {"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": "ns",
                                 "name": "data", "uid": "uid-1"}

@@ -8,7 +8,9 @@ import os
 import pytest
 
 from cephcsi.node.mappers import fuse
-from cephcsi.node.mappers.fuse import FuseMapper, loop_status
+from cephcsi.node.mappers import loops
+from cephcsi.node.mappers.fuse import FuseMapper
+from cephcsi.node.mappers.loops import loop_status
 from cephcsi.node.mounts import Mounter
 from cephcsi.node.stage_record import LoopBacking, StageRecord
 from tests.unit.node.fakes import FakeRunner
@@ -50,8 +52,8 @@ class FakeKernel:
 def kernel(tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch) -> FakeKernel:
     fake = FakeKernel(os.path.join(tmp_path, "sys-block"))
     os.makedirs(fake.sys_block)
-    monkeypatch.setattr(fuse, "_SYS_BLOCK", fake.sys_block)
-    monkeypatch.setattr(fuse, "loop_status", lambda device: fake.status.get(device))
+    monkeypatch.setattr(loops, "SYS_BLOCK", fake.sys_block)
+    monkeypatch.setattr(loops, "loop_status", lambda device: fake.status.get(device))
     return fake
 
 

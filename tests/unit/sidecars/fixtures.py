@@ -83,6 +83,8 @@ class FakeApi:
     secrets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     pvs: dict[str, dict[str, Any]] = field(default_factory=dict)
     pvcs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    classes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """StorageClasses the live read finds but the informer cache does not have yet."""
     calls: list[tuple[str, ...]] = field(default_factory=list)
     fail: dict[str, CephCSIError] = field(default_factory=dict)
 
@@ -104,6 +106,10 @@ class FakeApi:
     def get_pvc(self, namespace: str, name: str) -> dict[str, Any] | None:
         self._record("get_pvc", namespace, name)
         return self.pvcs.get((namespace, name))
+
+    def get_storage_class(self, name: str) -> dict[str, Any] | None:
+        self._record("get_storage_class", name)
+        return self.classes.get(name)
 
     def create_pv(self, body: dict[str, Any]) -> dict[str, Any] | None:
         self._record("create_pv", body["metadata"]["name"])

@@ -31,6 +31,25 @@ def test_provision_happy_path_in_order() -> None:
     assert events.reasons() == ["Provisioning", "ProvisioningSucceeded"]
 
 
+def test_a_class_the_cache_has_not_seen_yet_is_read_live() -> None:
+    # A class created right before its claim can lag in the informer: no "not found" event then.
+    api = FakeApi(secrets=dict(SECRETS), classes={"fast": storage_class()})
+    w, api, controller, events = worker(claim("data", "ns", uid="u1"), classes=FakeInformer(), api=api)
+    w.process("ns/data")
+    assert api.names()[:2] == ["get_storage_class", "read_secret"]
+    assert len(controller.created) == 1
+    assert events.reasons() == ["Provisioning", "ProvisioningSucceeded"]
+
+
+def test_a_class_missing_live_too_fails_the_claim_by_name() -> None:
+    w, api, controller, events = worker(claim("data", "ns", uid="u1"), classes=FakeInformer())
+    with pytest.raises(errors.InvalidArgument):
+        w.process("ns/data")
+    assert events.reasons() == ["ProvisioningFailed"]
+    assert 'storageclass.storage.k8s.io "fast" not found' in events.recorded[0][3]
+    assert not controller.created
+
+
 def test_existing_pv_of_this_claim_is_adopted() -> None:
     c = claim("data", "ns", uid="u1", finalizers=(FINALIZER,))
     api = FakeApi(secrets=SECRETS, pvs={"pvc-u1": {"metadata": {"name": "pvc-u1"}, "spec": {"claimRef": {"uid": "u1"}}}})
