@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import rados
 
 from cephcsi.ceph import omap
-from cephcsi.errors import CephCSIError
+from cephcsi.errors import CephCSIError, OperationInFlight
 from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,21 @@ class Lease:
     on_release: dict[str, str] = field(default_factory=dict)
     """omap values the holder wants written by the op that releases the lease (one round trip
     for both); dropped if the lease was lost meanwhile."""
+    expires_at: float = 0.0
+    """Monotonic time by which the OSD may have let the lock lapse: `seconds` after the start of
+    the last lock or renewal op that succeeded (counted from the start: the OSD's clock may have
+    begun before our reply arrived)."""
+
+    def ensure_held(self) -> None:
+        """Raise OperationInFlight once the lease may have lapsed (renewals failed for `seconds`,
+        e.g. Ceph stopped answering): another process may own the volume by now, so the holder
+        must not take its next step. The retry takes the lease anew and resumes from what the
+        pool shows."""
+        if time.monotonic() >= self.expires_at:
+            raise OperationInFlight(
+                f"lost the lease on journal entry {self.obj}: it could not be renewed for {self.seconds:g}s "
+                "(Ceph did not answer in time); stopped before the next step, retry to resume"
+            )
 
 
 class LeaseKeeper:
@@ -70,6 +85,7 @@ class LeaseKeeper:
         common case: a record this call reserved), else the lease alone (`Lease.filled` says)."""
         cookie = uuidlib.uuid4().hex
         filled = False
+        started = time.monotonic()
         if fill is not None:
             outcome = omap.try_lock_and_fill(io, obj, name, cookie, seconds, fill.guard_key, fill.values)
             if outcome == "busy":
@@ -79,7 +95,8 @@ class LeaseKeeper:
         if not filled and not omap.try_lock(io, obj, name, cookie, seconds):
             yield None
             return
-        lease = Lease(io, obj, name, cookie, seconds, time.monotonic() + seconds / 3, filled=filled)
+        lease = Lease(io, obj, name, cookie, seconds, time.monotonic() + seconds / 3, filled=filled,
+                      expires_at=started + max(1, int(seconds)))
         self._add(lease)
         try:
             yield lease
@@ -110,6 +127,8 @@ class LeaseKeeper:
         with self._lock:
             held = [lease for lease in self._leases if lease.io is io and lease.obj == obj]
         for lease in held:
+            lease.ensure_held()  # removing what another holder may own now would break its step
+        for lease in held:
             with lease.guard:
                 lease.active = False
         yield
@@ -137,10 +156,13 @@ class LeaseKeeper:
         with lease.guard:
             if not lease.active:
                 return
+            started = time.monotonic()
             try:
                 omap.renew_lock(lease.io, lease.obj, lease.name, lease.cookie, lease.seconds)
             except CephCSIError as error:
                 log.warning("could not renew a journal lease", extra=fields(object=lease.obj, error=error.message))
+            else:
+                lease.expires_at = started + max(1, int(lease.seconds))  # what the OSD was asked for
             lease.renew_at = time.monotonic() + lease.seconds / 3
 
 

@@ -17,6 +17,13 @@ sizes on the system are the state, so a crash between them needs no recovery):
    filesystem type the volume was staged with is refused, never resized. A read-only stage is
    left alone (neither tool can grow a read-only mount; the next read-write stage grows it).
 
+Resize-on-stage grows an ext4 before it is mounted (`before_mount`): offline, resize2fs needs
+no capability, where the online resize needs CAP_SYS_RESOURCE, which a node plugin can lack
+(as on this project's test machines), so a volume grown while unstaged always comes up at its
+new size. resize2fs wants a checked filesystem first: `e2fsck -f -p` (check even if marked
+clean — resize2fs refuses otherwise — and fix only what is safe to fix unattended). A check
+that finds more than that leaves the filesystem untouched, at its old size, and says why.
+
 Finding the volume: the CO gives the path it published (or staged) the volume at and,
 usually, the staging path. The stage record there, or the one found through the mounts that
 share the published mount's device, names the volume, mapper and device; a path holding no
@@ -161,6 +168,28 @@ class NodeExpander:
         except CephCSIError as error:
             log.warning("could not grow the volume while staging it; it is staged at its old size",
                         extra=fields(volume_id=record.volume_id, error=error.message))
+
+    def before_mount(self, record: StageRecord) -> None:
+        """Resize-on-stage of an unmounted ext4 (see the module docstring); best effort, like
+        `after_stage`, which grows what this leaves (xfs, or an ext4 a check refused) online."""
+        if record.access_type != ACCESS_MOUNT or record.read_only or record.fs_type != "ext4":
+            return
+        try:
+            device_bytes = self.sync_device(record, record.device, 0)
+            size = self.fs_size(record.device, record.fs_type)
+            if size is None or size.fills(device_bytes):
+                return  # not ext4 after all (the mount step says so) or nothing to grow
+            what = f"check the ext4 filesystem of volume {record.volume_id} before growing it"
+            # Exit 1: errors found and fixed; 2: fixed, "reboot" (about a mounted root only).
+            self.run(["e2fsck", "-f", "-p", record.device], what=what, timeout=self.timeout, ok_codes=(0, 1, 2))
+            self.run(["resize2fs", record.device], what=f"grow the ext4 filesystem of volume {record.volume_id}",
+                     timeout=self.timeout)
+        except CephCSIError as error:
+            log.warning("could not grow the filesystem before mounting it; trying online after the mount",
+                        extra=fields(volume_id=record.volume_id, error=error.message))
+            return
+        log.info("filesystem grown before mounting", extra=fields(volume_id=record.volume_id, fs_type=record.fs_type,
+                                                                  before=size.bytes, device_bytes=device_bytes))
 
     def _device(self, record: StageRecord) -> str:
         mapper = self.mappers.get(record.mapper)

@@ -74,7 +74,8 @@ class NodeService:
         self.choice = MapperChoice(config.mounter, probe or NodeProbe(modprobe=runner_modprobe(runner)))
         self.expander = NodeExpander(self.mappers, runner, config.command_timeout, min(config.device_timeout, 10.0))
         self.stager = Stager(self.mappers, self.choice, mounter, runner, config.command_timeout, config.kubelet_dir,
-                             after_ready=self.expander.after_stage)
+                             after_ready=self.expander.after_stage,
+                             before_mount=self.expander.before_mount)
         self.publisher = Publisher(mounter, config.kubelet_dir)
         self.volume_locks = KeyLocks("volume")
         self.path_locks = KeyLocks("path")

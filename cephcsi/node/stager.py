@@ -45,6 +45,7 @@ class Stager:
         kubelet_dir: str,
         read_mounts: Callable[[], list[mounts.MountEntry]] = mounts.read_mounts,
         after_ready: Callable[[StageRecord], None] | None = None,
+        before_mount: Callable[[StageRecord], None] | None = None,
     ) -> None:
         self.mappers: dict[str, Mapper] = {**mappers, _NO_MAPPER: NoMapper()}
         self.choice = choice
@@ -55,6 +56,7 @@ class Stager:
         self.read_mounts = read_mounts
         # Resize-on-stage (cephcsi.node.expander): the image may have grown while unstaged.
         self.after_ready = after_ready
+        self.before_mount = before_mount
 
     # -- stage -----------------------------------------------------------------------------
 
@@ -255,6 +257,8 @@ class Stager:
                 )
             return
         _mkdir(target)
+        if self.before_mount is not None:
+            self.before_mount(record)  # unmounted here, and mounted nowhere else (our stage)
         options = filesystems.mount_options(record.fs_type, record.mount_flags, record.read_only)
         self.mounter.mount(record.device, target, record.fs_type, options)
         created.append("mount")

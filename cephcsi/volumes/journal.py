@@ -90,6 +90,11 @@ class Hold:
     """The record, when the `claim` was written by the op that took the hold (else None: call
     `claim_record`, which also handles a record that exists)."""
 
+    def ensure_held(self) -> None:
+        """Before a step another holder must not see half-done: OperationInFlight once the lease
+        may have lapsed (see `Lease.ensure_held`)."""
+        self.lease.ensure_held()
+
     def set_image_id_on_release(self, image_id: str) -> None:
         """Journal the image id in the op that releases the hold (one round trip for both).
 

@@ -22,7 +22,7 @@ from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import clones, dependents, failpoints
 from cephcsi.volumes.capacity import fits
-from cephcsi.volumes.journal import VOLUMES, Claim, Journal, Record
+from cephcsi.volumes.journal import VOLUMES, Claim, Hold, Journal, Record
 from cephcsi.volumes.parameters import VolumeParameters
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
@@ -98,16 +98,19 @@ class VolumeManager:
                     fresh = uuid == proposed
                     failpoints.reach("create.after-reserve")
                     claim = Claim(request.name, f"{params.name_prefix}{uuid}", clones.record_values(request.source))
-                    # A uuid this call just reserved is known to nobody else, so no delete can
-                    # have released it and its record cannot exist yet: the hold writes it.
+                    # A uuid this call just reserved has no record yet: the hold writes it.
                     with journal.locked(uuid, claim if fresh else None) as hold:
-                        # An adopted uuid is checked again under the lock.
-                        if not fresh and journal.lookup(request.name) != uuid:
+                        # Checked again under the lock, fresh uuids too: between the reserve
+                        # and the lock, another process's find() (provisioner clean-up) or an
+                        # audit repair may have taken the record-less name for a dead create's
+                        # and released it. Going on would journal a volume no name points at.
+                        if journal.lookup(request.name) != uuid:
                             journal.discard_orphan(uuid)
                             continue
                         record = hold.claimed or journal.claim_record(uuid, claim.name, claim.image_name, claim.extra)
                         failpoints.reach("create.after-record")
                         made = False
+                        hold.ensure_held()
                         if self.cloner is not None and (request.source is not None or clones.has_source(record)):
                             image_id, size = self.cloner.ensure(session, io, request, record)
                         else:
@@ -168,11 +171,12 @@ class VolumeManager:
                 journal = self._journal(io)
                 # Locked even when no record is visible: a create that was killed right after
                 # locking leaves an empty record object, which this removes.
-                with journal.locked(volume_id.object_uuid):
-                    self._delete_locked(session, io, pool, journal, volume_id.object_uuid)
+                with journal.locked(volume_id.object_uuid) as hold:
+                    self._delete_locked(session, io, pool, journal, hold, volume_id.object_uuid)
                 log.info("volume deleted", extra=fields(volume_id=volume_id_text))
 
-    def _delete_locked(self, session: Session, io: rados.Ioctx, pool: str, journal: Journal, uuid: str) -> None:
+    def _delete_locked(self, session: Session, io: rados.Ioctx, pool: str, journal: Journal, hold: Hold,
+                       uuid: str) -> None:
         """Image first, then the name, then the record: a record is removed only once its
         image is gone or queued with the mgr, so a retry after any crash still finds it."""
         record = journal.read(uuid)
@@ -180,8 +184,10 @@ class VolumeManager:
             log.info("no journal record; volume already deleted", extra=fields(uuid=uuid))
             journal.discard_orphan(uuid)
             return
+        hold.ensure_held()
         self._remove_image(session, io, pool, journal, record)
         failpoints.reach("delete.after-image")
+        hold.ensure_held()  # a lapsed lease may have let a create adopt the name meanwhile
         journal.release_name(record.name, record.uuid)
         failpoints.reach("delete.after-release")
         journal.remove_record(record.uuid)

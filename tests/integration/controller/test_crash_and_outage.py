@@ -1,6 +1,7 @@
 """Crash consistency (SIGKILL at every step boundary of create and delete) and Ceph outages."""
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 
@@ -8,6 +9,7 @@ import grpc
 import pytest
 
 from cephcsi._generated import csi_pb2
+from cephcsi.volumes.volume_id import VolumeId
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.helpers import create_request, image_of, journal_entries, until_ok, wait_for_empty_trash
 from tests.integration.driver import DriverProcess
@@ -68,6 +70,41 @@ def test_delete_killed_at_each_step_is_finished_by_the_retry(
     assert journal_entries(ceph_cluster, request.name) == (None, {})
     assert f"csi.volume.{uuid_value}" not in ceph_cluster.objects()
     assert wait_for_empty_trash(ceph_cluster) == [], "a trashed image was leaked"
+
+
+def test_claim_deleted_after_a_create_died_unjournaled_and_a_delete_died_after_the_trash_move(
+    fresh_driver: Callable[..., DriverProcess], ceph_cluster: CephTestCluster
+) -> None:
+    """The worst chain for a leak: the create dies with its image made but its id never
+    journaled, the claim is deleted, and the clean-up's DeleteVolume dies right after moving
+    the image to the trash (where only its id can find it). The retry must still purge it."""
+    request = create_request(ceph_cluster)
+    before = set(ceph_cluster.images())
+    creator = fresh_driver({"CEPHCSI_FAILPOINTS": "create.after-image"})
+    _dies(lambda: creator.controller.CreateVolume(request, timeout=60))
+    uuid_value, record = journal_entries(ceph_cluster, request.name)
+    assert uuid_value and not record.get("csi.imageid"), "the image id must not be journaled yet"
+    image = f"csi-vol-{uuid_value}"
+    assert image in ceph_cluster.images()
+
+    healthy = fresh_driver()
+    # The id the provisioner's find() hands to DeleteVolume for such a claim.
+    pools = json.loads(ceph_cluster.admin("ceph", "osd", "pool", "ls", "detail", "-f", "json"))
+    pool_id = next(int(p["pool_id"]) for p in pools if p["pool_name"] == ceph_cluster.pool)
+    volume_id = VolumeId(ceph_cluster.cluster_id, pool_id, uuid_value).encode()
+    delete = csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=ceph_cluster.secrets)
+    deleter = fresh_driver({"CEPHCSI_FAILPOINTS": "delete.after-trash"})
+    _dies(lambda: deleter.controller.DeleteVolume(delete, timeout=60))
+    assert image not in ceph_cluster.images(), "the killed delete had moved the image to the trash"
+    # The killed delete had journaled the id before the move: the record still finds the image.
+    assert journal_entries(ceph_cluster, request.name)[1].get("csi.imageid")
+
+    until_ok(lambda: healthy.controller.DeleteVolume(delete, timeout=60), deadline=90,
+             also=(grpc.StatusCode.FAILED_PRECONDITION,))
+    assert set(ceph_cluster.images()) == before
+    assert journal_entries(ceph_cluster, request.name) == (None, {})
+    assert f"csi.volume.{uuid_value}" not in ceph_cluster.objects()
+    assert wait_for_empty_trash(ceph_cluster, timeout=150) == [], "a trashed image was leaked"
 
 
 def test_unresponsive_cluster_gives_bounded_errors_then_recovers(

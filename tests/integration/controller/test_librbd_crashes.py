@@ -8,6 +8,7 @@ entry, no trash entry (after the mgr purges), no journal object.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import grpc
@@ -17,7 +18,14 @@ import rbd
 from cephcsi._generated import csi_pb2
 from cephcsi.ceph.imagestate import ImageState, TrashState
 from tests.ceph.fixtures import CephTestCluster
-from tests.integration.controller.helpers import create_request, image_of, until_ok
+from cephcsi.ceph.connection import ConnectionCache
+from cephcsi.ceph.credentials import Credentials
+from cephcsi.config.clusters import ClusterRegistry
+from cephcsi.settings import CephSettings
+from cephcsi.volumes.manager import VolumeManager
+from cephcsi.volumes.parameters import VolumeParameters
+from cephcsi.volumes.volume_id import VolumeId
+from tests.integration.controller.helpers import create_request, image_of, journal_entries, until_ok
 from tests.integration.controller.pool_state import (
     admin_ioctx,
     kill_inside,
@@ -180,17 +188,60 @@ def test_find_releases_a_name_whose_create_died_before_the_record(
     with pytest.raises(grpc.RpcError):
         crashing.controller.CreateVolume(request, timeout=60)
     assert read_pool(ceph_cluster) != baseline  # the reserved name key
-    from cephcsi.ceph.connection import ConnectionCache
-    from cephcsi.ceph.credentials import Credentials
-    from cephcsi.config.clusters import ClusterRegistry
-    from cephcsi.settings import CephSettings
-    from cephcsi.volumes.manager import VolumeManager
-    from cephcsi.volumes.parameters import VolumeParameters
-
-    config = crashing.config_file
-    manager = VolumeManager(ClusterRegistry(config), ConnectionCache(CephSettings()), "default", journal_lock_seconds=2)
+    manager = _manager(crashing.config_file)
     params = VolumeParameters.parse(dict(request.parameters))
     credentials = Credentials.from_secrets(ceph_cluster.secrets)
     found = until_ok(lambda: manager.find(request.name, params, credentials))
     assert found is None
     assert wait_for_pool(ceph_cluster, baseline) == baseline
+
+
+def test_create_never_returns_a_volume_whose_name_a_concurrent_find_released(
+    fresh_driver: Callable[..., DriverProcess], ceph_cluster: CephTestCluster
+) -> None:
+    """A create pauses between reserving the name and locking the record; meanwhile another
+    process's find() (the provisioner cleaning up a claim deleted mid-provisioning) sees a name
+    without a record, takes it for a dead create's and releases it. The create must not go on
+    under the released name: its volume would have no name key, and the next CreateVolume of the
+    same name would make a second image (the first one leaking)."""
+    baseline = read_pool(ceph_cluster)
+    creator = fresh_driver({"CEPHCSI_FAILPOINTS": "create.after-reserve:pause=2"})
+    request = create_request(ceph_cluster)
+    results: list[csi_pb2.Volume] = []
+    errors: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            results.append(until_ok(lambda: creator.controller.CreateVolume(request, timeout=60)).volume)
+        except BaseException as error:  # noqa: BLE001 - reported by the test thread
+            errors.append(error)
+
+    thread = threading.Thread(target=create)
+    thread.start()
+    reserved = _reserved_uuid(ceph_cluster, request.name)
+    assert journal_entries(ceph_cluster, request.name)[1] == {}, "the create must still be paused before its record"
+    found = until_ok(lambda: _manager(creator.config_file).find(
+        request.name, VolumeParameters.parse(dict(request.parameters)), Credentials.from_secrets(ceph_cluster.secrets)))
+    assert found is None  # released: to find(), a name without a record is a dead create's
+    thread.join(60)
+    assert not errors, errors
+    (volume,) = results
+    uuid, record = journal_entries(ceph_cluster, request.name)
+    assert uuid == VolumeId.decode(volume.volume_id).object_uuid != reserved
+    assert record.get("csi.volname") == request.name
+    again = creator.controller.CreateVolume(request, timeout=60).volume
+    assert again.volume_id == volume.volume_id, "a retried create must find the same volume, not make a second"
+    _delete(creator, ceph_cluster, volume.volume_id)
+    assert wait_for_pool(ceph_cluster, baseline) == baseline
+
+
+def _reserved_uuid(cluster: CephTestCluster, name: str, timeout: float = 30) -> str:
+    give_up = time.monotonic() + timeout
+    while (uuid := journal_entries(cluster, name)[0]) is None:
+        assert time.monotonic() < give_up, f"no name key for {name!r} after {timeout} s"
+        time.sleep(0.05)
+    return uuid
+
+
+def _manager(config_file: str) -> VolumeManager:
+    return VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings()), "default", journal_lock_seconds=2)

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import rados
 
+from cephcsi import errors
 from cephcsi.ceph import omap
 from cephcsi.ceph.leases import KEEPER, LeaseKeeper
 
@@ -77,3 +78,54 @@ def test_cls_lock_requests_are_encoded_as_ceph_does() -> None:
     assert omap.lock_request("n", "c", 0.2)[-9:-5] == b"\x01\x00\x00\x00", "at least one second"
     unlock = b"\x04\x00\x00\x00name\x02\x00\x00\x00ck"
     assert omap.unlock_request("name", "ck") == b"\x01\x01" + len(unlock).to_bytes(4, "little") + unlock
+
+
+class FailingRenewals(FakeIoctx):
+    """The first lock succeeds; every renewal times out (Ceph stopped answering)."""
+
+    def lock_exclusive(self, obj: str, name: str, cookie: str, **kwargs: Any) -> None:
+        if kwargs.get("flags"):
+            raise rados.TimedOut("renew timed out")
+        super().lock_exclusive(obj, name, cookie, **kwargs)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_lease_not_renewed_for_its_duration_stops_its_holder(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr("cephcsi.ceph.leases.time.monotonic", clock)
+    keeper = LeaseKeeper()
+    io = FailingRenewals()
+    with keeper.hold(io, "csi.volume.e", "cephcsi.journal", 10) as lease:  # type: ignore[arg-type]
+        assert lease is not None
+        clock.now += 4
+        keeper._renew(lease)  # fails: the lease still ends 10 s after it was taken
+        clock.now += 5.9
+        lease.ensure_held()
+        clock.now += 0.1
+        with pytest.raises(errors.OperationInFlight, match="lost the lease on journal entry csi.volume.e"):
+            lease.ensure_held()
+        # Nor may it remove the object another holder may have locked by now.
+        with pytest.raises(errors.OperationInFlight):
+            with keeper.removing(io, "csi.volume.e"):  # type: ignore[arg-type]
+                raise AssertionError("the removal must not run")
+    assert ("remove", "csi.volume.e") not in io.calls
+
+
+def test_a_renewed_lease_is_held_from_the_renewal_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr("cephcsi.ceph.leases.time.monotonic", clock)
+    keeper = LeaseKeeper()
+    io = FakeIoctx()
+    with keeper.hold(io, "csi.volume.f", "cephcsi.journal", 10) as lease:  # type: ignore[arg-type]
+        assert lease is not None
+        clock.now += 9
+        keeper._renew(lease)
+        clock.now += 9.9
+        lease.ensure_held()  # 18.9 s after the lock, 9.9 s after the renewal

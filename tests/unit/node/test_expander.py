@@ -146,6 +146,35 @@ def test_resize_on_stage_grows_an_image_grown_while_unstaged(tmp_path: Path) -> 
     assert node.runner.argvs() == [["resize2fs", "/dev/nbd0"]]
 
 
+def test_an_ext4_grown_while_unstaged_is_checked_and_grown_before_the_mount(tmp_path: Path) -> None:
+    node = Node(tmp_path, KRBD, "/dev/rbd0")
+    node.mounts = []
+    node.sizes["/dev/rbd0"] = 256 * MiB
+    node.expander.before_mount(node.record)
+    assert node.runner.argvs() == [["e2fsck", "-f", "-p", "/dev/rbd0"], ["resize2fs", "/dev/rbd0"]]
+    node.expander.before_mount(node.record)  # fills the device now: nothing more
+    assert len(node.runner.argvs()) == 2
+
+
+def test_before_the_mount_only_a_read_write_ext4_that_does_not_fill_its_device_is_touched(tmp_path: Path) -> None:
+    for name, node in [("fills", Node(tmp_path / "a", KRBD, "/dev/rbd0")),
+                       ("xfs", Node(tmp_path / "b", KRBD, "/dev/rbd0", fs_type="xfs")),
+                       ("read-only", Node(tmp_path / "c", KRBD, "/dev/rbd0", read_only=True)),
+                       ("block", Node(tmp_path / "d", KRBD, "/dev/rbd0", access=ACCESS_BLOCK))]:
+        if name != "fills":
+            node.sizes["/dev/rbd0"] = 256 * MiB
+        node.expander.before_mount(node.record)
+        assert node.runner.argvs() == [], name
+
+
+def test_a_check_that_needs_a_person_leaves_the_filesystem_at_its_old_size(tmp_path: Path) -> None:
+    node = Node(tmp_path, KRBD, "/dev/rbd0")
+    node.sizes["/dev/rbd0"] = 256 * MiB
+    node.runner.respond = lambda argv: (4, "", "UNEXPECTED INCONSISTENCY; RUN fsck MANUALLY.") if argv[0] == "e2fsck" else None
+    node.expander.before_mount(node.record)  # best effort: the stage goes on
+    assert [a[0] for a in node.runner.argvs()] == ["e2fsck"], "never resized after a failed check"
+
+
 def test_locating_the_volume(tmp_path: Path) -> None:
     node = Node(tmp_path, KRBD, "/dev/rbd0")
     publish = tmp_path / "pods" / "p1"
