@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from cephcsi.ceph import trash
 from cephcsi.ceph.trash import InlinePurges
 from cephcsi.errors import Internal, Unavailable
 
@@ -43,7 +42,7 @@ class FakeSession:
 
 def test_a_slow_purge_answers_unavailable_and_the_retry_joins_it(monkeypatch: pytest.MonkeyPatch) -> None:
     slow = SlowTrash()
-    monkeypatch.setattr(trash.rbd, "RBD", slow)
+    monkeypatch.setattr("cephcsi.ceph.trash.rbd.RBD", slow)
     purges = InlinePurges(budget_seconds=0.05)
     session: Any = FakeSession()
     with pytest.raises(Unavailable, match="continues in the background, retry later"):
@@ -59,6 +58,6 @@ def test_a_slow_purge_answers_unavailable_and_the_retry_joins_it(monkeypatch: py
 def test_a_failed_inline_purge_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
     slow = SlowTrash(fail=RuntimeError("boom"))
     slow.release.set()
-    monkeypatch.setattr(trash.rbd, "RBD", slow)
+    monkeypatch.setattr("cephcsi.ceph.trash.rbd.RBD", slow)
     with pytest.raises(Internal, match="purging trashed image rbd/id2 failed"):
         InlinePurges(budget_seconds=30).run(FakeSession(), "rbd", "", "id2", "rbd/id2")  # type: ignore[arg-type]
