@@ -7,6 +7,11 @@ grows the RBD image (ControllerExpandVolume), the kubelet then calls NodeExpandV
 device capacity + xfs_growfs), `df` in the pod shows the new size, the data is intact, the
 claim's resize conditions clear and status.capacity is the new size.
 
+ext4: online where the node plugin has CAP_SYS_RESOURCE; where it does not (this VM) the
+kubelet's NodeExpandVolume fails while mounted and the claim stays FileSystemResizePending, and
+the next stage grows the filesystem before mounting it (offline resize2fs needs no capability):
+the pod is replaced, the new pod sees the new size and the data, and the claim's resize ends.
+
 Block: the same claim-side checks, and the raw device in the pod reports the new size
 (`blockdev --getsize64`).
 """
@@ -18,7 +23,10 @@ from typing import Any
 
 import pytest
 
+from tests.capabilities import can_grow_ext4_online
+from tests.e2e.checks import node_leftovers
 from tests.e2e.env import IMAGE, XFS_CLASS, E2EEnv
+
 from tests.e2e.kube import DEPLOY_NAMESPACE, NODE_LABELS, image_name, wait_for
 from tests.e2e.test_volumes import IDLE, delete_claim, fs_type, provision
 
@@ -162,3 +170,36 @@ def test_block_grows_online(e2e: E2EEnv, namespace: str) -> None:
 
     kube.delete_pod(namespace, "app")
     delete_claim(e2e, namespace, "raw", pv)
+
+
+def test_ext4_grows_online_or_at_the_next_stage(e2e: E2EEnv, namespace: str) -> None:
+    kube = e2e.kube
+    token = uuid.uuid4().hex
+    pv = provision(e2e, namespace, "grow4", size=quantity(64))
+    image = image_name(pv)
+    command = f"test -f /data/token || echo {token} > /data/token; sync; {IDLE}"
+    kube.create_pod(namespace, "app", IMAGE, command, "grow4")
+    kube.wait_pod_ready(namespace, "app")
+    assert fs_type(e2e, namespace, "app") == "ext4"
+    before = df_bytes(e2e, namespace, "app")
+
+    grow(e2e, namespace, "grow4", 160)
+    if can_grow_ext4_online():
+        wait_resized(e2e, namespace, "grow4", 160)
+    else:
+        # The controller step completes; the node step cannot while the filesystem is mounted.
+        wait_for("the image grown and the claim waiting for the node",
+                 lambda: image_bytes(e2e, image) == 160 * MI and "FileSystemResizePending" in str(
+                     resize_state(kube.pvc(namespace, "grow4") or {})["conditions"]),
+                 RESIZE_TIMEOUT, interval=1.0)
+        kube.delete_pod(namespace, "app")
+        # Unstaged (not only the pod gone): the next pod must get a fresh stage, where it grows.
+        wait_for("the volume unstaged from the node", lambda: not node_leftovers(pv, image), timeout=90)
+        kube.create_pod(namespace, "app", IMAGE, command, "grow4")
+        kube.wait_pod_ready(namespace, "app")
+        wait_resized(e2e, namespace, "grow4", 160)
+    after = df_bytes(e2e, namespace, "app")
+    assert after >= before + 90 * MI, (before, after)
+    assert kube.exec_in(namespace, "app", "cat /data/token").strip() == token
+    kube.delete_pod(namespace, "app")
+    delete_claim(e2e, namespace, "grow4", pv)

@@ -12,6 +12,7 @@ import pytest
 from cephcsi._generated import csi_pb2
 from cephcsi.node import devices
 from cephcsi.node.mounts import top_mount
+from tests.capabilities import can_grow_ext4_online
 from tests.integration.node.conftest import NodeEnv, Volume, block_cap, expect_code, mount_cap
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
@@ -30,14 +31,6 @@ def node_expand(env: NodeEnv, volume: Volume, path: str, size_mb: int, staging: 
     if cap is not None:
         request.volume_capability.CopyFrom(cap)
     return int(env.node.NodeExpandVolume(request, timeout=120).capacity_bytes)
-
-
-def can_grow_ext4_online() -> bool:
-    """EXT4_IOC_RESIZE_FS needs CAP_SYS_RESOURCE, which root lacks on some machines (this
-    project's VMs among them); the driver then answers FAILED_PRECONDITION saying so."""
-    with open("/proc/self/status", encoding="ascii") as handle:
-        effective = next(int(line.split()[1], 16) for line in handle if line.startswith("CapEff:"))
-    return bool(effective & (1 << 24))
 
 
 def fs_bytes(path: str) -> int:
