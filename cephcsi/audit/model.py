@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cephcsi.ceph.imagestate import TrashState
+from cephcsi.volumes import metadata
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -133,6 +134,30 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class ImageOwner:
+    """The claim an image was made for, from the owner metadata CreateVolume stores with
+    `--extra-create-metadata` (ceph-csi's keys: cephcsi.volumes.metadata). The PV is whatever
+    the metadata says, even when no such PV exists any more: that is the point of reading it."""
+
+    pvc_namespace: str = ""
+    pvc_name: str = ""
+    pv_name: str = ""
+
+    @classmethod
+    def from_metadata(cls, values: Mapping[str, str]) -> ImageOwner | None:
+        """None when the image carries none of the owner keys (made without the flag, or by hand)."""
+        owner = cls(values.get(metadata.PVC_NAMESPACE_KEY, ""), values.get(metadata.PVC_NAME_KEY, ""),
+                    values.get(metadata.PV_NAME_KEY, ""))
+        return owner if owner != cls() else None
+
+    @property
+    def text(self) -> str:
+        """"namespace/claim (pv)", as the table shows it."""
+        return metadata.owner({metadata.PVC_NAMESPACE_KEY: self.pvc_namespace,
+                               metadata.PVC_NAME_KEY: self.pvc_name, metadata.PV_NAME_KEY: self.pv_name})
+
+
+@dataclass(frozen=True)
 class Finding:
     kind: Kind
     subject: str
@@ -147,6 +172,21 @@ class Finding:
     fix: Fix | None = None
     """What `--repair` would do; None: report only (`why_not` says why)."""
     why_not: str = ""
+    owner: ImageOwner | None = None
+    """The claim the finding's image carries in its metadata, when it is readable and has any."""
+
+
+@dataclass(frozen=True)
+class ImageEntry:
+    """One image of the pool as `--list-images` shows it: what names it, and whose it is."""
+
+    name: str
+    image_id: str
+    request_name: str = ""
+    """The CreateVolume name the journal records for it ('' when no record names the image)."""
+    pvs: tuple[str, ...] = ()
+    """PersistentVolumes naming it (empty without --kubeconfig)."""
+    owner: ImageOwner | None = None
 
 
 @dataclass(frozen=True)

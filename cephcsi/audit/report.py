@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from cephcsi.audit.model import Finding, Outcome, Repair
+from cephcsi.audit.model import Finding, ImageEntry, ImageOwner, Outcome, Repair
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,8 @@ class AuditResult:
     repairs: tuple[Repair, ...] | None
     """None without --repair."""
     notes: tuple[str, ...] = ()
+    images: tuple[ImageEntry, ...] | None = None
+    """With --list-images: every live image and its owner; None otherwise."""
 
     @property
     def clean(self) -> bool:
@@ -49,6 +51,17 @@ def _repair_line(finding: Finding, repair: Repair | None) -> str:
     return f"--repair would {finding.fix.value}"
 
 
+def _owner_json(owner: ImageOwner | None) -> dict[str, str] | None:
+    if owner is None:
+        return None
+    return {"pvc_namespace": owner.pvc_namespace, "pvc_name": owner.pvc_name, "pv_name": owner.pv_name}
+
+
+def _images_json(images: tuple[ImageEntry, ...]) -> list[dict[str, Any]]:
+    return [{"name": i.name, "image_id": i.image_id, "request_name": i.request_name, "pvs": list(i.pvs),
+             "owner": _owner_json(i.owner)} for i in images]
+
+
 def to_json(result: AuditResult) -> str:
     repairs = _repair_of(result)
     items: list[dict[str, Any]] = []
@@ -59,6 +72,7 @@ def to_json(result: AuditResult) -> str:
             "uuid": finding.uuid, "name": finding.name, "image_name": finding.image_name,
             "image_id": finding.image_id, "ours": finding.ours,
             "fix": finding.fix.value if finding.fix else None, "why_not": finding.why_not,
+            "owner": _owner_json(finding.owner),
             "repair": None if repair is None else {"outcome": repair.outcome.value, "action": repair.action},
         })
     scope = result.scope
@@ -69,6 +83,8 @@ def to_json(result: AuditResult) -> str:
         "counts": dict(Counter(f.kind.value for f in result.findings)),
         "findings": items, "notes": list(result.notes),
     }
+    if result.images is not None:
+        doc["images"] = _images_json(result.images)
     return json.dumps(doc, indent=2, sort_keys=False)
 
 
@@ -78,6 +94,8 @@ def to_table(result: AuditResult) -> str:
              f"{f', namespace {scope.namespace}' if scope.namespace else ''}, journal instance {scope.instance_id}")
     lines = [f"cephcsi audit of {where}{'' if scope.kubernetes else ' (PersistentVolumes not checked)'}"]
     lines.extend(f"note: {note}" for note in result.notes)
+    if result.images is not None:
+        lines.extend(_images_table(result.images))
     if not result.findings:
         lines.append("no inconsistencies found")
         return "\n".join(lines) + "\n"
@@ -88,6 +106,8 @@ def to_table(result: AuditResult) -> str:
     indent = " " * (kind_width + subject_width + 4)
     for finding in result.findings:
         lines.append(f"{finding.kind.value:<{kind_width}}  {finding.subject:<{subject_width}}  {finding.detail}")
+        if finding.owner is not None:
+            lines.append(f"{indent}owner: {finding.owner.text}")
         lines.append(f"{indent}-> {_repair_line(finding, repairs.get(finding))}")
     counts = Counter(f.kind.value for f in result.findings)
     lines.append(f"{len(result.findings)} finding(s): " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
@@ -95,3 +115,17 @@ def to_table(result: AuditResult) -> str:
         outcomes = Counter(r.outcome.value for r in result.repairs)
         lines.append("repair: " + ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items())))
     return "\n".join(lines) + "\n"
+
+
+def _images_table(images: tuple[ImageEntry, ...]) -> list[str]:
+    """The --list-images section: one line per live image, '-' for what is unknown."""
+    if not images:
+        return ["no images"]
+    rows = [(i.name, i.request_name or "-", ",".join(i.pvs) or "-", i.owner.text if i.owner else "-") for i in images]
+    heads = ("IMAGE", "REQUEST", "PV", "OWNER (metadata)")
+    widths = [max(len(heads[c]), *(len(r[c]) for r in rows)) for c in range(3)]
+
+    def line(cells: tuple[str, str, str, str]) -> str:
+        return "  ".join(cell.ljust(width) for cell, width in zip(cells[:3], widths)) + "  " + cells[3]
+
+    return [line(heads), *(line(r) for r in rows), f"{len(images)} image(s)", ""]

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import rados
+
+from cephcsi.audit import owners as owner_info
 from cephcsi.audit.classify import classify
+from cephcsi.audit.model import Finding, ImageEntry, Snapshot
 from cephcsi.audit.pvs import list_pvs
 from cephcsi.audit.repair import RepairContext, repair_all
 from cephcsi.audit.report import AuditResult, Scope
-from cephcsi.audit.scan import read_snapshot
+from cephcsi.audit.scan import read_owners, read_snapshot
 from cephcsi.ceph import trash
 from cephcsi.ceph.connection import ConnectionCache
 from cephcsi.ceph.credentials import Credentials
@@ -32,6 +36,8 @@ class AuditOptions:
     prefix: str = DEFAULT_PREFIX
     kubeconfig: str = ""
     driver_name: str = DRIVER_NAME
+    list_images: bool = False
+    """Also list every live image with its journal name, PVs and owner metadata."""
     repair: bool = False
     repair_orphan_images: bool = False
     orphan_deferment_seconds: int = 7 * 24 * 3600
@@ -55,7 +61,7 @@ def audit(options: AuditOptions) -> AuditResult:
                                options.pool)
             snapshot = read_snapshot(session, io, options.pool, options.instance_id, options.prefix, pvs,
                                      options.ceph.mon_op_timeout)
-            findings = classify(snapshot)
+            findings, images, notes = _with_owners(io, snapshot, classify(snapshot), options.list_images)
             repairs = None
             if options.repair:
                 context = RepairContext(
@@ -68,6 +74,18 @@ def audit(options: AuditOptions) -> AuditResult:
                 repairs = tuple(repair_all(context, findings))
             scope = Scope(options.cluster_id, options.pool, io.get_namespace(), options.instance_id,
                           options.prefix, pvs is not None)
-            return AuditResult(scope, tuple(findings), repairs, snapshot.notes)
+            return AuditResult(scope, tuple(findings), repairs, snapshot.notes + notes, images)
     finally:
         connections.close_all()
+
+
+def _with_owners(io: rados.Ioctx, snapshot: Snapshot, findings: list[Finding], list_images: bool
+                 ) -> tuple[list[Finding], tuple[ImageEntry, ...] | None, tuple[str, ...]]:
+    """Findings with their images' owner metadata, and the listing when asked for. Read before
+    any repair, so a repaired (trashed) orphan still shows whose it was."""
+    targets = owner_info.finding_targets(snapshot, findings)
+    if list_images:
+        targets = sorted(set(targets) | set(owner_info.live_images(snapshot)), key=lambda t: t[1])
+    owners, notes = read_owners(io, targets)
+    images = owner_info.listing(snapshot, owners) if list_images else None
+    return owner_info.with_owners(snapshot, findings, owners), images, tuple(notes)

@@ -11,11 +11,12 @@ import json
 import logging
 import struct
 import time
+from collections.abc import Iterable
 
 import rados
 
-from cephcsi.audit.model import PurgeTask, PVView, RecordView, Snapshot, TrashView
-from cephcsi.ceph import imagestate, omap
+from cephcsi.audit.model import ImageOwner, PurgeTask, PVView, RecordView, Snapshot, TrashView
+from cephcsi.ceph import image_metadata, imagestate, omap
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import CephCSIError, Internal
@@ -147,3 +148,22 @@ def read_snapshot(session: Session, io: rados.Ioctx, pool: str, instance_id: str
         now=time.time(),
         notes=tuple(notes),
     )
+
+
+def read_owners(io: rados.Ioctx, images: Iterable[tuple[str, str]]) -> tuple[dict[str, ImageOwner], list[str]]:
+    """The owner metadata of each (name, image id), keyed by image id: one read-only open per
+    image, by id so an image in the trash is reached too. An image without owner keys is left
+    out; one that cannot be opened (gone since the snapshot, a damaged header) becomes a note."""
+    owners: dict[str, ImageOwner] = {}
+    notes: list[str] = []
+    for name, image_id in images:
+        try:
+            values = image_metadata.read(io, name, image_id=image_id)
+        except CephCSIError as error:
+            log.warning("cannot read image metadata", extra=fields(image=name, image_id=image_id, error=str(error)))
+            notes.append(f"could not read the owner metadata of image {name!r} (id {image_id}): {error}")
+            continue
+        owner = ImageOwner.from_metadata(values)
+        if owner is not None:
+            owners[image_id] = owner
+    return owners, notes

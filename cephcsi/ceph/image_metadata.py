@@ -17,14 +17,15 @@ from cephcsi.observability.logging import fields
 log = logging.getLogger(__name__)
 
 
-def read(io: rados.Ioctx, name: str) -> dict[str, str]:
+def read(io: rados.Ioctx, name: str, image_id: str = "") -> dict[str, str]:
     """Every metadata key of the image (a read-only open: no watch, nothing blocks a delete).
-    An image that does not exist has none."""
-    with ceph_call("read image metadata", f"image {name!r}"):
+    An image that does not exist has none. With `image_id` the image is opened by id, which
+    also reaches an image in the trash (`cephcsi audit` names the claim a trashed image had)."""
+    what = f"image {name!r}" if not image_id else f"image {name!r} (id {image_id})"
+    with ceph_call("read image metadata", what):
         try:
-            with rbd.Image(io, name, read_only=True) as image:
-                # metadata_list exists in librbd's binding (since Mimic); the stubs lack it.
-                return {str(k): str(v) for k, v in image.metadata_list()}  # type: ignore[attr-defined]
+            with rbd.Image(io, None if image_id else name, read_only=True, image_id=image_id or None) as image:
+                return dict(image.metadata_list())
         except rbd.ImageNotFound:
             return {}
 

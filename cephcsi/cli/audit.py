@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--keyfile", default="", help=f"file holding the key or a keyring (default: ${KEY_ENV})")
     o = p.add_argument_group("output and repair")
     o.add_argument("--json", action="store_true", help="print JSON for scripts instead of a table")
+    o.add_argument("--list-images", action="store_true",
+                   help="also list every image with its journal name, PVs and owner (claim) metadata")
     o.add_argument("--repair", action="store_true", help="fix what is provably ours and safe to fix")
     o.add_argument("--repair-orphan-images", action="store_true",
                    help="with --repair and --kubeconfig: move unused orphan images to the trash (recoverable)")
@@ -93,7 +95,7 @@ def options_from(a: argparse.Namespace) -> AuditOptions:
     return AuditOptions(
         config_file=a.config_file, cluster_id=a.cluster_id, pool=a.pool, credentials=credentials,
         rados_namespace=a.rados_namespace, instance_id=a.instanceid, prefix=a.volume_name_prefix,
-        kubeconfig=a.kubeconfig, driver_name=a.drivername, repair=a.repair,
+        kubeconfig=a.kubeconfig, driver_name=a.drivername, list_images=a.list_images, repair=a.repair,
         repair_orphan_images=a.repair_orphan_images, orphan_deferment_seconds=int(a.orphan_trash_days * 86400),
         inline_purge_seconds=a.inline_purge_timeout,
         ceph=CephSettings(osd_op_timeout=a.rados_osd_op_timeout, mon_op_timeout=a.rados_mon_op_timeout,

@@ -1,6 +1,7 @@
 """config.json: the Ceph clusters the driver may talk to, in ceph-csi's format.
 
-    [{"clusterID": "c1", "monitors": ["10.0.0.1:6789", ...], "rbd": {"radosNamespace": ""}}]
+    [{"clusterID": "c1", "monitors": ["10.0.0.1:6789", ...], "rbd": {"radosNamespace": ""},
+      "readAffinity": {"enabled": true, "crushLocationLabels": ["topology.kubernetes.io/zone"]}}]
 
 The file is usually a mounted ConfigMap, which the kubelet updates in place; it is re-read when
 its modification time changes, so adding a cluster needs no restart.
@@ -14,7 +15,8 @@ import re
 import threading
 from dataclasses import dataclass
 
-from cephcsi.config import ignored
+from cephcsi.config import ignored, read_affinity
+from cephcsi.config.read_affinity import ReadAffinity
 from cephcsi.errors import ConfigError, InvalidArgument, NotFound
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,8 @@ class ClusterConfig:
     monitors: tuple[str, ...]
     """Monitor addresses as written in config.json: `host:port` or `[v2:...,v1:...]`."""
     rados_namespace: str = ""
+    read_affinity: ReadAffinity = read_affinity.DISABLED
+    """Per-cluster readAffinity (krbd reads from the nearest replica); see config/read_affinity.py."""
 
     @property
     def mon_host(self) -> str:
@@ -64,8 +68,10 @@ def parse_clusters(text: str, source: str = "config.json") -> dict[str, ClusterC
             raise ConfigError(f"{where} ({cluster_id}): rbd.radosNamespace must be a string")
         if cluster_id in clusters:
             raise ConfigError(f"{where}: clusterID {cluster_id!r} appears twice")
-        clusters[cluster_id] = ClusterConfig(cluster_id, tuple(monitors), namespace)
+        affinity = read_affinity.parse(entry, f"{where} ({cluster_id})")
+        clusters[cluster_id] = ClusterConfig(cluster_id, tuple(monitors), namespace, affinity)
         ignored.report(entry, cluster_id, source)  # ceph-csi keys not implemented here, and typos
+        read_affinity.note_inactive(affinity, cluster_id, source)
     return clusters
 
 

@@ -13,15 +13,13 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-USED = frozenset({"clusterID", "monitors", "rbd"})
+USED = frozenset({"clusterID", "monitors", "rbd", "readAffinity"})
 USED_RBD = frozenset({"radosNamespace"})
+USED_READ_AFFINITY = frozenset({"enabled", "crushLocationLabels"})
 # key → why it does not apply (ignored: the driver behaves as if it were absent)
 IGNORED = {
     "cephFS": "cephcsi is an RBD driver only; CephFS settings belong to ceph-csi's CephFS plugin",
     "nfs": "cephcsi is an RBD driver only; NFS settings belong to ceph-csi's NFS plugin",
-    "readAffinity": "not implemented: krbd maps without read_from_replica=localize (reads go to the primary OSD); "
-                    "where a class's nodes share one CRUSH location, set it in the StorageClass: mapOptions "
-                    "'krbd:read_from_replica=localize,crush_location=zone:<zone>'",
 }
 IGNORED_RBD = {
     "netNamespaceFilePath": "not implemented: the node plugin maps in its own network namespace (hostNetwork)",
@@ -42,6 +40,10 @@ def report(entry: Mapping[str, Any], cluster_id: str, source: str) -> None:
         for key in rbd:
             if key not in USED_RBD:
                 notes.append((f"rbd.{key}", IGNORED_RBD.get(key, "unknown key under rbd (a typo?)")))
+    affinity = entry.get("readAffinity")
+    if isinstance(affinity, dict):
+        notes.extend((f"readAffinity.{key}", "unknown key under readAffinity (a typo?)")
+                     for key in affinity if key not in USED_READ_AFFINITY)
     for key, reason in notes:
         if (cluster_id, key) in _reported:
             continue

@@ -81,6 +81,7 @@ class NodeServicer(ServicerBase, csi_pb2_grpc.NodeServicer):
                 map_options=ctx.get(CTX_MAP_OPTIONS, ""),
                 unmap_options=ctx.get(CTX_UNMAP_OPTIONS, ""),
                 mkfs_options=ctx.get(CTX_MKFS_OPTIONS, ""),
+                read_affinity=cluster.read_affinity,
             )
         )
         return csi_pb2.NodeStageVolumeResponse()

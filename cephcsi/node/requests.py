@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cephcsi.ceph.credentials import Credentials
+from cephcsi.config.read_affinity import DISABLED, ReadAffinity
 from cephcsi.node.stage_record import ACCESS_BLOCK, ACCESS_MOUNT, ImageSpec
 
 
@@ -42,6 +43,8 @@ class StageRequest:
     map_options: str = ""
     unmap_options: str = ""
     mkfs_options: str = ""
+    read_affinity: ReadAffinity = DISABLED
+    """The cluster's config.json readAffinity: krbd maps from the nearest replica when active."""
 
 
 @dataclass(frozen=True)

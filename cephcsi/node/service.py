@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from cephcsi.errors import NotFound
 from cephcsi.locks import KeyLocks
 from cephcsi.node import devices, exec as node_exec, mounts, stage_record, stats
+from cephcsi.node.crush_location import CrushLocator
 from cephcsi.node.expander import NodeExpander, NodeExpandRequest
 from cephcsi.node.mappers.base import FUSE, KRBD, NBD, Mapper
 from cephcsi.node.mappers.fuse import FuseMapper
@@ -73,9 +74,11 @@ class NodeService:
         }
         self.choice = MapperChoice(config.mounter, probe or NodeProbe(modprobe=runner_modprobe(runner)))
         self.expander = NodeExpander(self.mappers, runner, config.command_timeout, min(config.device_timeout, 10.0))
+        self.crush = CrushLocator(self.labels, config.node_id)
         self.stager = Stager(self.mappers, self.choice, mounter, runner, config.command_timeout, config.kubelet_dir,
                              after_ready=self.expander.after_stage,
-                             before_mount=self.expander.before_mount)
+                             before_mount=self.expander.before_mount,
+                             crush_location=self.crush.location)
         self.publisher = Publisher(mounter, config.kubelet_dir)
         self.volume_locks = KeyLocks("volume")
         self.path_locks = KeyLocks("path")

@@ -18,10 +18,11 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 
+from cephcsi.config.read_affinity import ReadAffinity
 from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument
 from cephcsi.node import devices, filesystems, legacy_stage, mounts, stage_record
 from cephcsi.node.exec import Runner
-from cephcsi.node.mappers import options as map_options
+from cephcsi.node.mappers import options as map_options, read_affinity
 from cephcsi.node.mappers.base import FUSE, KRBD, NBD, Mapper, MapRequest
 from cephcsi.node.mappers.fuse import FuseMapper
 from cephcsi.node.mappers.rbd_cli import RbdDeviceMapper
@@ -46,6 +47,7 @@ class Stager:
         read_mounts: Callable[[], list[mounts.MountEntry]] = mounts.read_mounts,
         after_ready: Callable[[StageRecord], None] | None = None,
         before_mount: Callable[[StageRecord], None] | None = None,
+        crush_location: Callable[[ReadAffinity], read_affinity.CrushLocation] | None = None,
     ) -> None:
         self.mappers: dict[str, Mapper] = {**mappers, _NO_MAPPER: NoMapper()}
         self.choice = choice
@@ -57,6 +59,8 @@ class Stager:
         # Resize-on-stage (cephcsi.node.expander): the image may have grown while unstaged.
         self.after_ready = after_ready
         self.before_mount = before_mount
+        # readAffinity: the node's CRUSH location (cephcsi.node.crush_location); None: never.
+        self.crush_location = crush_location
 
     # -- stage -----------------------------------------------------------------------------
 
@@ -139,6 +143,15 @@ class Stager:
             work_dir=mapper.work_dir_for(request.volume_id, request.staging_path),
         )
 
+    def _crush_location(self, record: StageRecord, request: StageRequest,
+                        options: list[str]) -> read_affinity.CrushLocation:
+        """Only krbd maps with read affinity (as in ceph-csi); the Node's labels are not even
+        read when another mapper maps or the StorageClass set read placement itself."""
+        if self.crush_location is None or record.mapper != KRBD or not request.read_affinity.active or \
+                read_affinity.user_decides(options):
+            return ()
+        return self.crush_location(request.read_affinity)
+
     def _stage_steps(self, record: StageRecord, request: StageRequest, created: list[str]) -> None:
         mapper = self.mappers[record.mapper]
         options = map_options.parse(request.map_options, record.mapper, "mapOptions")
@@ -160,6 +173,7 @@ class Stager:
                     options=options,
                     read_only=record.read_only,
                     work_dir=record.work_dir,
+                    crush_location=self._crush_location(record, request, options),
                 )
             )
             created.append("map")

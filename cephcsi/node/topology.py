@@ -22,6 +22,9 @@ from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)
 
+# The labels serve --domainlabels (NodeGetInfo) and config.json readAffinity (krbd maps).
+_CANNOT = "cannot read the node labels (--domainlabels, readAffinity)"
+
 
 class NodeLabels(Protocol):
     def labels(self, node_name: str) -> Mapping[str, str]: ...
@@ -61,7 +64,7 @@ class KubeNodeLabels:
         except (ConfigException, OSError, ValueError) as error:
             source = self.kubeconfig or "the in-cluster service account"
             raise Unavailable(
-                f"cannot read node labels for topology: no usable Kubernetes client config from {source} ({error})"
+                f"{_CANNOT}: no usable Kubernetes client config from {source} ({error})"
             ) from None
         return client.CoreV1Api(client.ApiClient(configuration))
 
@@ -73,10 +76,10 @@ class KubeNodeLabels:
             node = api.read_node(node_name, _request_timeout=self.timeout)  # type: ignore[attr-defined]
         except ApiException as error:
             raise Unavailable(
-                f"cannot read node labels for topology: the API server answered {error.status} {error.reason} "
+                f"{_CANNOT}: the API server answered {error.status} {error.reason} "
                 f"for Node {node_name!r} (check that the node exists and the plugin may get nodes)"
             ) from None
         except Exception as error:  # noqa: BLE001 - urllib3/socket errors: the API is unreachable
             log.warning("reading node labels failed", extra=fields(node=node_name, error=str(error)))
-            raise Unavailable(f"cannot read node labels for topology: the API server is unreachable ({type(error).__name__})") from None
+            raise Unavailable(f"{_CANNOT}: the API server is unreachable ({type(error).__name__})") from None
         return dict(node.metadata.labels or {})

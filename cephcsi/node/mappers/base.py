@@ -35,6 +35,9 @@ class MapRequest:
     read_only: bool = False
     work_dir: str = ""
     """Mapper-private directory decided before mapping (recorded first, so unstage can find it)."""
+    crush_location: tuple[tuple[str, str], ...] = ()
+    """This node's CRUSH location when the cluster's readAffinity is on: krbd maps with
+    read_from_replica=localize there (mappers/read_affinity.py); the others ignore it, as ceph-csi's do."""
 
 
 class Mapper(Protocol):

@@ -4,12 +4,17 @@ The kernel keeps the mapping; it survives restarts of the plugin and of its cont
 `noudev` option (rbd CLI, Octopus+) is added when udev is not running on the node: without it
 `rbd map` waits for udev events that never come (a known cause of hung maps, ceph-csi #507);
 with it the CLI waits for the device node itself.
+
+Read affinity (config.json `readAffinity`): `read_from_replica=localize` and the node's
+`crush_location` come after `noudev` and before the StorageClass's mapOptions, and are left
+out entirely when those set either key themselves (mappers/read_affinity.py).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from cephcsi.node.exec import Runner
+from cephcsi.node.mappers import read_affinity
 from cephcsi.node.mappers.base import KRBD, MapRequest
 from cephcsi.node.mappers.options import merge
 from cephcsi.node.mappers.rbd_cli import RbdDeviceMapper
@@ -35,7 +40,8 @@ class KrbdMapper(RbdDeviceMapper):
         return [] if self.udev_running() else ["noudev"]
 
     def map_options(self, request: MapRequest) -> list[str]:
-        return merge(self._udev_options(), list(request.options))
+        affinity = read_affinity.map_options(request.crush_location, request.options)
+        return merge(self._udev_options() + affinity, list(request.options))
 
     def unmap_options(self, record: StageRecord) -> list[str]:
         return merge(self._udev_options(), list(record.unmap_options))

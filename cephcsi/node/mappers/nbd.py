@@ -7,6 +7,9 @@ does not yet), so rbd-nbd suits nodes without krbd rather than being a default.
 Defaults: `try-netlink` (the netlink nbd interface survives daemon restarts better than the
 ioctl one) and `reattach-timeout=300` (how long the kernel keeps the device for a
 re-attaching daemon). User mapOptions with the same key replace a default.
+config.json's readAffinity is not applied here, as in ceph-csi (it adds its read-affinity
+options to krbd maps only); librbd's own `rbd_read_from_replica_policy` and `crush_location`
+settings are the way for rbd-nbd, outside this driver.
 """
 from __future__ import annotations
 

@@ -105,9 +105,18 @@ class Seeder:
             self.io.remove_object(f"rbd_id.{name}")
         return image_id
 
-    def trashed(self, name: str, state: int) -> str:
+    def owned(self, name: str, pvc_namespace: str, pvc_name: str, pv_name: str) -> None:
+        """The owner metadata CreateVolume stores with --extra-create-metadata (ceph-csi's keys)."""
+        with rbd.Image(self.io, name) as image:
+            image.metadata_set("csi.storage.k8s.io/pvc/name", pvc_name)
+            image.metadata_set("csi.storage.k8s.io/pvc/namespace", pvc_namespace)
+            image.metadata_set("csi.storage.k8s.io/pv/name", pv_name)
+
+    def trashed(self, name: str, state: int, owner: tuple[str, str, str] | None = None) -> str:
         """An image in the trash (moved by librbd), then set to `state` as a kill leaves it."""
         image_id = self.image(name)
+        if owner is not None:
+            self.owned(name, *owner)
         rbd.RBD().trash_move(self.io, name, 0)
         if state != NORMAL:
             now = time.time()

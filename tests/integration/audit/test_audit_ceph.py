@@ -27,6 +27,13 @@ from tests.integration.audit.seed import (
 pytestmark = [pytest.mark.integration, pytest.mark.ceph, pytest.mark.slow]
 
 DRAIN_SECONDS = 120.0
+ORPHAN_OWNER = ("shop", "orders-db", "pvc-5f0c1d2e")
+TRASHED_OWNER = ("shop", "old-cache", "pvc-77aa")
+
+
+def owner_of(finding: dict[str, Any]) -> tuple[str, str, str] | None:
+    owner = finding["owner"]
+    return None if owner is None else (owner["pvc_namespace"], owner["pvc_name"], owner["pv_name"])
 
 
 def kinds_and_subjects(doc: dict[str, Any]) -> set[tuple[str, str]]:
@@ -39,6 +46,7 @@ def seed_everything(s: Seeder) -> tuple[set[tuple[str, str]], dict[str, str]]:
     healthy, healthy_id = s.volume("pvc-healthy")
     orphan = new_uuid()
     s.image(s.image_name(orphan))
+    s.owned(s.image_name(orphan), *ORPHAN_OWNER)  # made with --extra-create-metadata; its PV is gone
     dangling_record = new_uuid()
     s.key("pvc-dangling-record", dangling_record)
     s.record(dangling_record, "pvc-dangling-record")
@@ -50,7 +58,7 @@ def seed_everything(s: Seeder) -> tuple[set[tuple[str, str]], dict[str, str]]:
     moving_id = s.trashed(s.image_name(new_uuid()), MOVING)
     moving_named_id = s.half_moved_with_name(s.image_name(new_uuid()))
     removing_id = s.trashed(s.image_name(new_uuid()), REMOVING)
-    unqueued_id = s.trashed(s.image_name(new_uuid()), NORMAL)
+    unqueued_id = s.trashed(s.image_name(new_uuid()), NORMAL, owner=TRASHED_OWNER)
     partial = s.image_name(new_uuid())
     s.partial_create(partial, with_id_object=True)
     journaled_partial = new_uuid()  # a create killed inside `rbd create`, its journal intact
@@ -71,7 +79,8 @@ def seed_everything(s: Seeder) -> tuple[set[tuple[str, str]], dict[str, str]]:
         ("partial-create", partial),
         ("partial-create", s.image_name(journaled_partial)),
     }
-    return expected, {"healthy": healthy, "healthy_id": healthy_id, "orphan": s.image_name(orphan)}
+    return expected, {"healthy": healthy, "healthy_id": healthy_id, "orphan": s.image_name(orphan),
+                      "unqueued_id": unqueued_id}
 
 
 def omap(io: Any, obj: str) -> dict[str, bytes]:
@@ -113,6 +122,20 @@ def test_audit_finds_every_seeded_inconsistency_and_repair_cleans_the_pool(
         assert doc["rados_namespace"] == namespace and not doc["clean"] and not doc["repaired"]
         orphan = next(f for f in doc["findings"] if f["kind"] == "orphan-image")
         assert orphan["fix"] is None and "kubeconfig" in orphan["why_not"]
+        # The image metadata says whose the orphan was, and whose the trashed image (read by id).
+        owners = {f["subject"]: owner_of(f) for f in doc["findings"]}
+        assert owners.pop(names["orphan"]) == ORPHAN_OWNER
+        assert owners.pop(f"trash:{names['unqueued_id']}") == TRASHED_OWNER
+        assert set(owners.values()) == {None}, owners
+        assert not doc["notes"], doc["notes"]
+
+        rc, doc, _ = run_audit(ceph_cluster, config, "--list-images")
+        assert rc == 1 and kinds_and_subjects(doc) == expected
+        images = {i["name"]: i for i in doc["images"]}
+        assert images[seeder.image_name(names["healthy"])]["request_name"] == "pvc-healthy"
+        assert images[seeder.image_name(names["healthy"])]["owner"] is None
+        assert images[names["orphan"]]["owner"] == dict(zip(("pvc_namespace", "pvc_name", "pv_name"), ORPHAN_OWNER))
+        assert images[names["orphan"]]["request_name"] == ""
 
         rc, doc, _ = run_audit(ceph_cluster, config, "--repair")
         outcomes = {(f["kind"], f["subject"]): f["repair"]["outcome"] for f in doc["findings"]}

@@ -231,3 +231,21 @@ def test_microk8s_overlay_is_accepted(microk8s_rendered: list[dict[str, Any]], a
     daemonset = next(o for o in microk8s_rendered if o["kind"] == "DaemonSet")
     reply = admin_applier.apply(daemonset, dry_run=True)
     assert reply["metadata"]["namespace"] == deploy_namespace
+
+
+MIGRATION = Path(__file__).resolve().parents[3] / "overlays" / "migration"
+
+
+def test_migration_overlay_holds_the_node_plugin_back_and_is_accepted(admin_applier: Applier,
+                                                                        deploy_namespace: str) -> None:
+    """overlays/migration/ (docs/migrate-from-ceph-csi.md, step 2), rendered by the real kubectl:
+    the node DaemonSet the apiserver accepts only schedules onto nodes labelled cephcsi.migrated=true."""
+    from tests.e2e.kubenode import node_binaries
+
+    out = subprocess.run([str(node_binaries() / "kubectl"), "kustomize", str(MIGRATION)], check=True,
+                         capture_output=True, text=True, timeout=120).stdout
+    daemonset = next(o for o in yaml.safe_load_all(out) if o and o["kind"] == "DaemonSet")
+    reply = admin_applier.apply(daemonset, dry_run=True)
+    assert reply["metadata"]["namespace"] == deploy_namespace
+    assert reply["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux",
+                                                                  "cephcsi.migrated": "true"}

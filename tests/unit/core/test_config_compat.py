@@ -26,16 +26,19 @@ def test_ignored_and_unknown_keys_are_reported_once(tmp_path: Path, caplog: pyte
     path.write_text(json.dumps([{
         "clusterID": "c-compat", "monitors": ["10.0.0.1:6789"],
         "rbd": {"radosNamespace": "", "mirrorDaemonCount": 2, "netNamespaceFilePath": "/x"},
-        "cephFS": {"subvolumeGroup": "csi"}, "nfs": {}, "readAffinity": {"enabled": True}, "monitorz": [],
+        "cephFS": {"subvolumeGroup": "csi"}, "nfs": {},
+        "readAffinity": {"enabled": True, "crushLocationLabels": ["topology.kubernetes.io/zone"], "enable": True},
+        "monitorz": [],
     }]))
     caplog.set_level(logging.WARNING, logger="cephcsi.config.ignored")
     registry = ClusterRegistry(str(path))
     registry.reload()
     notes = dict(_notes(caplog))
+    # readAffinity is implemented (tests/unit/node/test_read_affinity.py): only its typo is named.
     assert sorted(notes) == ["cephFS", "monitorz", "nfs", "rbd.mirrorDaemonCount", "rbd.netNamespaceFilePath",
-                             "readAffinity"]
-    assert "read_from_replica=localize" in notes["readAffinity"]
-    assert "typo" in notes["monitorz"]
+                             "readAffinity.enable"]
+    assert "typo" in notes["monitorz"] and "typo" in notes["readAffinity.enable"]
+    assert registry.get("c-compat").read_affinity.active
     assert len(_notes(caplog)) == 6  # the second load said nothing new
 
 
