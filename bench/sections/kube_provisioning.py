@@ -82,10 +82,11 @@ def _single(setup: KubeSetup, claims: Claims, storage_class: str, size: str, rep
 
 def _go_stack(env: Environment) -> dict[str, Any] | None:
     """Section 3b's figures from this run: Go provisioner + attacher at rest and the driver alone."""
-    go = env.shared.get("go_sidecars")
+    # Section 3b's result dict (env.shared holds each section's figures untyped).
+    go: dict[str, Any] | None = env.shared.get("go_sidecars")
     if not go or not go.get("go_controller_side_sum", {}).get("measured"):
         return None
-    return go  # type: ignore[no-any-return]
+    return go
 
 
 @dataclass

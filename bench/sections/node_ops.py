@@ -286,7 +286,9 @@ Pass = tuple[dict[str, str], dict[str, dict[str, Timings]]]
 def _measure(env: Environment, driver: DriverPath, manual: ManualPath) -> list[Pass] | SectionResult:
     """Each load pass's cycles (driver and by hand interleaved); a SectionResult when a cycle fails."""
     raw = RawRbd(env.start_cluster(), env.options.size_bytes)
-    node_pid = env.node().process.pid  # type: ignore[union-attr]
+    node_process = env.node().process
+    assert node_process is not None  # env.node() returns a started process
+    node_pid = node_process.pid
     env.node_samples["at rest (serving, nothing staged)"] = procstat.sample(node_pid)
     passes: list[Pass] = []
     try:

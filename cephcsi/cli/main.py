@@ -10,7 +10,7 @@ from types import FrameType
 
 from cephcsi import __version__
 from cephcsi.cli.args import fail, parse_settings
-from cephcsi.cli.wiring import build_services
+from cephcsi.cli.wiring import build_services, start_sidecars
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.errors import CephCSIError
 from cephcsi.observability import logging as cephcsi_logging
@@ -71,8 +71,6 @@ def run(settings: Settings) -> int:
         http.start()
     sidecars = None
     if settings.sidecars.enabled:
-        from cephcsi.sidecars.runner import start_sidecars
-
         sidecars = start_sidecars(settings, services, health, lifetime.request_exit)
     log.info(
         "cephcsi started",

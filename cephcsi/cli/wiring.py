@@ -1,8 +1,10 @@
 """The composition root: settings → the objects a process serves, built in one place.
 
-Servicers and managers take their collaborators as arguments and never read Settings
-themselves, so tests build them from parts and this module is the only one that knows how a
-running driver is assembled.
+Servicers, managers and sidecar loops take their collaborators as arguments and never read
+Settings themselves, so tests build them from parts and the composition root is the only code
+that knows how a running driver is assembled. Its sidecar half (Kubernetes clients, informers,
+the controller-mode loops, the registrar) is `cephcsi.cli.sidecar_wiring`, imported by
+`start_sidecars` only when sidecars run.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from cephcsi.csi.controller import ControllerServicer
 from cephcsi.csi.identity import IdentityOptions, IdentityServicer
 from cephcsi.csi.server import CSIServer
 from cephcsi.csi.services import Services
+from cephcsi.observability.health import HealthRegistry
 from cephcsi.settings import Settings
 from cephcsi.volumes.clones import Cloner
 from cephcsi.volumes.flatten import FlattenPolicy
@@ -26,8 +29,10 @@ from cephcsi.volumes.snapshots import SnapshotManager
 
 if TYPE_CHECKING:
     from cephcsi.csi.node import NodeServicer
+    from cephcsi.sidecars.runner import SidecarRunner
 
 Register = Callable[[grpc.Server], None]
+RequestExit = Callable[[int, str], None]
 
 
 def build_controller(settings: Settings, clusters: ClusterRegistry) -> ControllerServicer:
@@ -94,3 +99,12 @@ def build_services(settings: Settings, clusters: ClusterRegistry) -> Services:
         controller_side.insert(0, lambda s: csi_pb2_grpc.add_IdentityServicer_to_server(identity, s))
         servers.append(CSIServer(settings.controller_endpoint, settings.grpc_workers, controller_side))
     return Services(identity, controller, node, servers)
+
+
+def start_sidecars(settings: Settings, services: Services, health: HealthRegistry,
+                   request_exit: RequestExit) -> SidecarRunner:
+    """Build and start the sidecars chosen with --sidecars; the runner's stop() ends them."""
+    # The Kubernetes client and the loops are imported only where sidecars run.
+    from cephcsi.cli import sidecar_wiring
+
+    return sidecar_wiring.start_sidecars(settings, services, health, request_exit)

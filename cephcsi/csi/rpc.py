@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from cephcsi.errors import CephCSIError, Internal, status_of
 from cephcsi.observability.logging import fields, request_id_var, request_scope
@@ -22,7 +23,8 @@ from cephcsi.observability.redact import redacted
 
 log = logging.getLogger("cephcsi.rpc")
 
-Request = TypeVar("Request")
+# Every CSI request is a protobuf message: its DEBUG rendering (redacted) walks the descriptor.
+Request = TypeVar("Request", bound=Message)
 Response = TypeVar("Response")
 
 # Caller mistakes are logged at INFO, failures of ours or of our peers at WARNING/ERROR.
@@ -61,7 +63,7 @@ def rpc(method: Callable[[Any, Request, Any], Response]) -> Callable[[Any, Reque
             # Rendering the request (MessageToDict + the secret walk) costs more than the rest of
             # the wrapper together (py-spy, bench/README.md): only do it when DEBUG is on.
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("call", extra=fields(method=name, request=redacted(request)))  # type: ignore[arg-type]
+                log.debug("call", extra=fields(method=name, request=redacted(request)))
             code = grpc.StatusCode.OK
             try:
                 response = method(self, request, context)

@@ -91,16 +91,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
+class _RootHandler(logging.StreamHandler[Any]):
+    """The handler `configure` installs, marked so that a later configure replaces it."""
+
+    _cephcsi = True
+
+
 def configure(level: str = "info", json_format: bool = False, stream: Any = None) -> None:
     """Install one handler on the root logger (idempotent: replaces an earlier one)."""
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = _RootHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if json_format else TextFormatter())
     handler.addFilter(_ContextFilter())
     root = logging.getLogger()
     for old in list(root.handlers):
         if getattr(old, "_cephcsi", False):
             root.removeHandler(old)
-    handler._cephcsi = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(LEVELS.get(level, logging.INFO))
     # The kubernetes client logs every request body at DEBUG (secrets included): keep it quiet.

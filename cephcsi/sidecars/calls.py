@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import grpc
 
@@ -84,7 +84,9 @@ class CsiCalls:
             else:
                 future = running[1]
                 log.info("joining a call still running from an earlier attempt", extra=fields(method=method, name=name))
-        return self._wait(method, name, future, stop)  # type: ignore[return-value]
+        # The registry holds calls of every result type (Future[object]); a joined call has the
+        # same method on the same name, so its result is this caller's T too.
+        return cast(T, self._wait(method, name, future, stop))
 
     def _wait(self, method: str, name: str, future: Future[object], stop: threading.Event | None) -> object:
         deadline = time.monotonic() + self.timeout

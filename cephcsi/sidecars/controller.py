@@ -1,11 +1,13 @@
 """Controller-mode loops: shared informers on every replica, provisioner and attacher on the leader.
 
-Start-up (`start_controller_loops`): one API client for the controllers (--kube-api-qps/burst)
-and a separate unthrottled one for the Lease (a saturated limiter must never delay a renewal);
-shared informers for PVCs, PVs, StorageClasses and VolumeAttachments (+ Nodes and CSINodes when
-the plugin reports topology) are started at once on every replica, so a standby's caches are
-warm and a failover costs a Lease hand-over, not a relist. /readyz gets "informers synced";
-/healthz gets the leader elector's health.
+Built by the composition root (`cephcsi.cli.sidecar_wiring`), which hands over ready-made parts:
+one API client for the controllers (--kube-api-qps/burst) and, with leader election, a separate
+unthrottled one for the Lease (a saturated limiter must never delay a renewal); the informer
+factory (PVCs, PVs, StorageClasses and VolumeAttachments, + Nodes and CSINodes when the plugin
+reports topology), the event recorder, the in-process CSI call pool and the loops themselves.
+`start` starts the informers at once on every replica, so a standby's caches are warm and a
+failover costs a Lease hand-over, not a relist. /readyz gets "informers synced"; /healthz gets
+the leader elector's health.
 
 Leadership (cephcsi.kube.leaderelection, Lease `<driver name sanitised>` in
 --leader-election-namespace, else the pod's namespace): on acquiring the Lease the loops wait
@@ -25,56 +27,23 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kubernetes import client as k8s
 
-from cephcsi._generated import csi_pb2
 from cephcsi.errors import ConfigError
-from cephcsi.kube.client import ClientSettings, ThrottledApiClient, new_api_client
-from cephcsi.kube.errors import KubeError
-from cephcsi.kube.events import EventRecorder, EventSettings
+from cephcsi.kube.events import EventRecorder
 from cephcsi.kube.factory import InformerFactory
-from cephcsi.kube.informer import Informer
 from cephcsi.kube.leaderelection import LeaderCallbacks, LeaderElectionConfig, LeaderElector
 from cephcsi.kube.leaselock import KubeLeaseLock
-from cephcsi.kube.ratelimit import ItemBackoffSettings
 from cephcsi.observability.health import HealthRegistry
 from cephcsi.observability.logging import fields
-from cephcsi.settings import Settings
-from cephcsi.sidecars import kubeerrors
-from cephcsi.sidecars.api import KubeApi
-from cephcsi.sidecars.attacher import strategy as attach_strategy
-from cephcsi.sidecars.attacher.controller import AttacherLoop
-from cephcsi.sidecars.attacher.legacy import LegacyTakeover
 from cephcsi.sidecars.calls import CsiCalls
-from cephcsi.sidecars.provisioner.context import ProvisionerContext, provisioner_identity
-from cephcsi.sidecars.provisioner.controller import ProvisionerLoop
-from cephcsi.sidecars.provisioner.pvspec import PVOptions
-from cephcsi.sidecars.provisioner.request import RequestOptions
-from cephcsi.sidecars.resizer.api import ResizerApi
-from cephcsi.sidecars.resizer.controller import ResizerLoop
-from cephcsi.sidecars.resizer.worker import ResizerContext
-from cephcsi.sidecars.snapshotter.api import SnapshotApi
-from cephcsi.sidecars.snapshotter.content import SnapshotterContext
-from cephcsi.sidecars.snapshotter.controller import SnapshotterLoop
-
-if TYPE_CHECKING:
-    from cephcsi.csi.services import Services
 
 log = logging.getLogger(__name__)
 
 RequestExit = Callable[[int, str], None]
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-_RPC = csi_pb2.ControllerServiceCapability.RPC
-_SERVICE = csi_pb2.PluginCapability.Service
-# Worker threads of the attacher: its work is one small patch per attachment, so the
-# provisioner-sized --worker-threads (100) would only add idle threads (external-attacher: 10).
-ATTACHER_WORKERS = 10
-# Resizer workers: external-resizer's default (--workers 10); resizes are rare and short.
-RESIZER_WORKERS = 10
-# Snapshotter workers: csi-snapshotter's default (--worker-threads 10).
-SNAPSHOTTER_WORKERS = 10
 
 
 def lease_name(driver_name: str) -> str:
@@ -102,6 +71,57 @@ def lease_namespace(configured: str, sa_file: str = SERVICE_ACCOUNT_NAMESPACE) -
     )
 
 
+class LeaderLoop(Protocol):
+    """What a leader-only loop offers (ProvisionerLoop, AttacherLoop, ResizerLoop): workers
+    started for one term, stopped (joined) at its end."""
+
+    def start(self, stop: threading.Event) -> None: ...
+
+    def stop(self, timeout: float) -> bool: ...
+
+
+class ClosingLoop(LeaderLoop, Protocol):
+    """A loop with an informer of its own (SnapshotterLoop), stopped once at process shutdown."""
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class ControllerClients:
+    """The Kubernetes side the loops share. ControllerLoops owns them once handed over: it
+    starts the informers and stops and closes everything in `stop`."""
+
+    api_client: k8s.ApiClient
+    factory: InformerFactory
+    events: EventRecorder
+    calls: CsiCalls
+
+
+@dataclass
+class Loops:
+    """The loops chosen with --sidecars; None for one that does not run."""
+
+    provisioner: LeaderLoop | None = None
+    attacher: LeaderLoop | None = None
+    resizer: LeaderLoop | None = None
+    snapshotter: ClosingLoop | None = None
+
+    def present(self) -> list[LeaderLoop]:
+        """The loops present, in start order (stop order is the same: they are independent)."""
+        chosen: list[LeaderLoop | None] = [self.provisioner, self.attacher, self.resizer, self.snapshotter]
+        return [loop for loop in chosen if loop is not None]
+
+
+@dataclass
+class Leadership:
+    """Leader election's parts: which Lease and how fast, and the lock on it. `client` is the
+    lock's own API client (unthrottled), closed by ControllerLoops.stop."""
+
+    config: LeaderElectionConfig
+    lock: KubeLeaseLock
+    client: k8s.ApiClient
+
+
 @dataclass
 class _Term:
     """The loops of one leadership term (or of the whole run without leader election)."""
@@ -111,130 +131,37 @@ class _Term:
 
 
 class ControllerLoops:
-    def __init__(self, settings: Settings, services: Services, health: HealthRegistry,
-                 request_exit: RequestExit, loops: set[str]) -> None:
-        if services.controller is None:
-            raise ConfigError("the provisioner and attacher need the Controller service (--mode=controller or all)")
-        self.settings = settings
-        self.sidecar = settings.sidecars
-        self.services = services
+    """Runs the loops it is given: on every term of leadership, or unconditionally when
+    `leadership` is None (--leader-election=false)."""
+
+    def __init__(self, clients: ControllerClients, loops: Loops, health: HealthRegistry,
+                 request_exit: RequestExit, *, leadership: Leadership | None, shutdown_grace: float) -> None:
+        self.clients = clients
+        self.factory = clients.factory
+        self.calls = clients.calls
+        self.loops = loops
         self.health = health
         self.request_exit = request_exit
-        self.loops = loops
-        kubeconfig = self.sidecar.kubeconfig or None
-        self.api_client = _api_client(ClientSettings(
-            kubeconfig=kubeconfig, qps=self.sidecar.kube_api_qps, burst=self.sidecar.kube_api_burst, timeout=15.0))
-        self.lease_client: k8s.ApiClient | None = None
-        self.factory = InformerFactory(self.api_client)
-        self.events = EventRecorder(self.api_client, EventSettings(component=settings.driver_name))
-        self.calls = CsiCalls(max_workers=self.sidecar.worker_threads, timeout=self.sidecar.timeout)
-        self.api = KubeApi(self.api_client)
-        backoff = ItemBackoffSettings(self.sidecar.retry_interval_start,
-                                      max(self.sidecar.retry_interval_start, self.sidecar.retry_interval_max))
-        self.provisioner = self._provisioner(backoff) if "provisioner" in loops else None
-        self.attacher = self._attacher(backoff) if "attacher" in loops else None
-        self.resizer = self._resizer(backoff) if "resizer" in loops else None
-        self.snapshotter = self._snapshotter(backoff) if "snapshotter" in loops else None
+        self.leadership = leadership
+        self.shutdown_grace = shutdown_grace
         self.elector: LeaderElector | None = None
         self._term_lock = threading.Lock()
         self._term: _Term | None = None
         self._unconditional: threading.Thread | None = None
         self._stopped = threading.Event()
 
-    # ---- construction -----------------------------------------------------------------------------
-
-    def _provisioner(self, backoff: ItemBackoffSettings) -> ProvisionerLoop:
-        controller = self.services.controller
-        assert controller is not None
-        caps = controller.ControllerGetCapabilities(csi_pb2.ControllerGetCapabilitiesRequest(), None).capabilities
-        multi_writer = any(c.rpc.type == _RPC.SINGLE_NODE_MULTI_WRITER for c in caps)
-        plugin_caps = self.services.identity.GetPluginCapabilities(csi_pb2.GetPluginCapabilitiesRequest(), None)
-        use_topology = any(c.service.type == _SERVICE.VOLUME_ACCESSIBILITY_CONSTRAINTS for c in plugin_caps.capabilities)
-        driver = self.settings.driver_name
-        ctx = ProvisionerContext(
-            driver_name=driver,
-            claims=self.factory.persistent_volume_claims(),
-            volumes=self.factory.persistent_volumes(),
-            classes=self.factory.storage_classes(),
-            attachments=self.factory.volume_attachments(),
-            api=self.api,
-            events=self.events,
-            controller=controller,
-            calls=self.calls,
-            request_options=RequestOptions(driver, self.sidecar.default_fstype, self.sidecar.extra_create_metadata,
-                                           multi_writer),
-            pv_options=PVOptions(driver, provisioner_identity(driver), use_topology),
-            nodes=self.factory.nodes() if use_topology else None,
-            csinodes=self.factory.csi_nodes() if use_topology else None,
-            snapshots=SnapshotApi(self.api_client),
-        )
-        return ProvisionerLoop(ctx, workers=self.sidecar.worker_threads, backoff=backoff)
-
-    def _attacher(self, backoff: ItemBackoffSettings) -> AttacherLoop:
-        controller = self.services.controller
-        assert controller is not None
-        caps = controller.ControllerGetCapabilities(csi_pb2.ControllerGetCapabilitiesRequest(), None).capabilities
-        chosen = attach_strategy.choose(caps, self.api)
-        attachments = self.factory.volume_attachments()
-        # Finalizers left by ceph-csi >= 3.15's csi-attacher are taken over (attacher/legacy.py).
-        takeover = LegacyTakeover(self.api, self.settings.driver_name, attachments)
-        return AttacherLoop(self.settings.driver_name, attachments, chosen,
-                            workers=min(self.sidecar.worker_threads, ATTACHER_WORKERS), backoff=backoff,
-                            volumes=self.factory.persistent_volumes(), takeover=takeover)
-
-    def _resizer(self, backoff: ItemBackoffSettings) -> ResizerLoop:
-        controller = self.services.controller
-        assert controller is not None
-        caps = controller.ControllerGetCapabilities(csi_pb2.ControllerGetCapabilitiesRequest(), None).capabilities
-        ctx = ResizerContext(
-            driver_name=self.settings.driver_name,
-            claims=self.factory.persistent_volume_claims(),
-            volumes=self.factory.persistent_volumes(),
-            api=self.api,
-            writer=ResizerApi(self.api_client),
-            events=self.events,
-            controller=controller,
-            calls=self.calls,
-            multi_writer=any(c.rpc.type == _RPC.SINGLE_NODE_MULTI_WRITER for c in caps),
-        )
-        return ResizerLoop(ctx, workers=min(self.sidecar.worker_threads, RESIZER_WORKERS), backoff=backoff)
-
-    def _snapshotter(self, backoff: ItemBackoffSettings) -> SnapshotterLoop:
-        controller = self.services.controller
-        assert controller is not None
-        snapshots = SnapshotApi(self.api_client)
-        ctx = SnapshotterContext(
-            driver_name=self.settings.driver_name,
-            contents=Informer(snapshots.list_contents, name="volumesnapshotcontents"),
-            snapshots=snapshots,
-            api=self.api,
-            events=self.events,
-            controller=controller,
-            calls=self.calls,
-            extra_create_metadata=self.sidecar.extra_create_metadata,
-        )
-        return SnapshotterLoop(ctx, workers=min(self.sidecar.worker_threads, SNAPSHOTTER_WORKERS), backoff=backoff)
-
     # ---- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
         self.factory.start()
         self.health.add_readiness("informers", self._informers_synced)
-        if not self.sidecar.leader_election:
+        if self.leadership is None:
             self._unconditional = threading.Thread(target=self._run_unconditionally, name="controller-loops",
                                                    daemon=True)
             self._unconditional.start()
             return
-        config = LeaderElectionConfig(
-            lease_name=lease_name(self.settings.driver_name),
-            namespace=lease_namespace(self.sidecar.leader_election_namespace),
-            lease_duration=self.sidecar.lease_duration,
-            renew_deadline=self.sidecar.renew_deadline,
-            retry_period=self.sidecar.retry_period,
-        )
-        self.lease_client = _api_client(ClientSettings(kubeconfig=self.sidecar.kubeconfig or None, qps=0))
-        lock = KubeLeaseLock(self.lease_client, config.namespace, config.lease_name)
-        self.elector = LeaderElector(lock, config, LeaderCallbacks(
+        config = self.leadership.config
+        self.elector = LeaderElector(self.leadership.lock, config, LeaderCallbacks(
             on_started_leading=self._on_started_leading,
             on_stopped_leading=self._on_stopped_leading,
             on_new_leader=lambda identity: log.info("leader observed", extra=fields(leader=identity)),
@@ -247,20 +174,20 @@ class ControllerLoops:
     def stop(self) -> None:
         """Stop the loops (releasing the Lease), then the informers and API clients."""
         self._stopped.set()
-        if self.elector is not None:
-            self.elector.stop(timeout=self.sidecar.lease_duration + self.settings.shutdown_grace)
+        if self.elector is not None and self.leadership is not None:
+            self.elector.stop(timeout=self.leadership.config.lease_duration + self.shutdown_grace)
         else:
-            self._stop_term(self.settings.shutdown_grace)
+            self._stop_term(self.shutdown_grace)
             if self._unconditional is not None:
-                self._unconditional.join(self.settings.shutdown_grace)
-        self.events.stop(timeout=2.0)
-        if self.snapshotter is not None:
-            self.snapshotter.close()
+                self._unconditional.join(self.shutdown_grace)
+        self.clients.events.stop(timeout=2.0)
+        if self.loops.snapshotter is not None:
+            self.loops.snapshotter.close()
         self.factory.stop(timeout=5.0)
         self.calls.shutdown()
-        for client in (self.api_client, self.lease_client):
-            if client is not None:
-                client.close()
+        self.clients.api_client.close()
+        if self.leadership is not None:
+            self.leadership.client.close()
 
     # ---- leadership terms ----------------------------------------------------------------------
 
@@ -289,9 +216,8 @@ class ControllerLoops:
         with self._term_lock:
             if stop.is_set() or self._term is not term:
                 return
-            for loop in (self.provisioner, self.attacher, self.resizer, self.snapshotter):
-                if loop is not None:
-                    loop.start(stop)
+            for loop in self.loops.present():
+                loop.start(stop)
             term.started = True
 
     def _stop_term(self, timeout: float | None) -> None:
@@ -301,9 +227,8 @@ class ControllerLoops:
             return
         term.stop.set()  # CSI waits and queues notice at once
         if term.started:
-            for loop in (self.provisioner, self.attacher, self.resizer, self.snapshotter):
-                if loop is not None:
-                    loop.stop(timeout=timeout if timeout is not None else 3600.0)
+            for loop in self.loops.present():
+                loop.stop(timeout=timeout if timeout is not None else 3600.0)
         # A call that timed out for its caller may still be running: it must end before another
         # leader can act on the same volume names.
         drained = self.calls.drain(timeout if timeout is not None else 3600.0)
@@ -312,19 +237,3 @@ class ControllerLoops:
     def _informers_synced(self) -> str | None:
         waiting = [i.name for i in self.factory.informers() if not i.has_synced()]
         return f"informers not synced yet: {', '.join(waiting)}" if waiting else None
-
-
-def _api_client(settings: ClientSettings) -> ThrottledApiClient:
-    """new_api_client, its failure (no usable kubeconfig) as a cephcsi ConfigError."""
-    try:
-        return new_api_client(settings)
-    except KubeError as error:
-        raise kubeerrors.from_kube(error) from error
-
-
-def start_controller_loops(settings: Settings, services: Services, health: HealthRegistry,
-                           request_exit: RequestExit, loops: set[str]) -> ControllerLoops:
-    """Build and start the controller-mode loops; returns the object whose stop() ends them."""
-    controller_loops = ControllerLoops(settings, services, health, request_exit, loops)
-    controller_loops.start()
-    return controller_loops

@@ -1,26 +1,16 @@
-"""Starts the embedded sidecar loops chosen with --sidecars and stops them in order.
+"""Stops the embedded sidecar loops in order (the reverse of their start).
 
-Controller mode: provisioner and attacher run only while this replica holds the Lease
-(informers run everywhere so a standby's caches are warm). Node mode: the registrar.
+The composition root (`cephcsi.cli.sidecar_wiring.start_sidecars`) builds and starts the loops
+chosen with --sidecars and adds them here. Controller mode: provisioner and attacher run only
+while this replica holds the Lease (informers run everywhere so a standby's caches are warm).
+Node mode: the registrar.
 """
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
-
-from cephcsi.csi.server import socket_path
-from cephcsi.observability.health import HealthRegistry
-from cephcsi.settings import Settings
-from cephcsi.sidecars.registrar import Registrar, RegistrarOptions
-
-if TYPE_CHECKING:
-    from cephcsi.csi.services import Services
+from typing import Protocol
 
 log = logging.getLogger(__name__)
-
-RequestExit = Callable[[int, str], None]
 
 
 class Loop(Protocol):
@@ -40,31 +30,3 @@ class SidecarRunner:
                 loop.stop()
             except Exception:  # noqa: BLE001 - keep stopping the others
                 log.exception("stopping a sidecar loop failed")
-
-
-def registrar_options(settings: Settings) -> RegistrarOptions:
-    kubelet_dir = settings.node.kubelet_dir or "/var/lib/kubelet"
-    csi_endpoint = settings.sidecars.kubelet_registration_path or os.path.join(
-        kubelet_dir, "plugins", settings.driver_name, "csi.sock"
-    )
-    return RegistrarOptions(
-        driver_name=settings.driver_name,
-        csi_endpoint=socket_path(csi_endpoint),
-        registry_dir=os.path.join(kubelet_dir, "plugins_registry"),
-    )
-
-
-def start_sidecars(settings: Settings, services: Services, health: HealthRegistry, request_exit: RequestExit) -> SidecarRunner:
-    runner = SidecarRunner()
-    enabled = set(settings.sidecars.enabled)
-    if "registrar" in enabled:
-        registrar = Registrar(registrar_options(settings))
-        registrar.start()
-        health.add_liveness("registrar", registrar.health)
-        runner.add(registrar)
-    controller_loops = enabled & {"provisioner", "attacher", "resizer", "snapshotter"}
-    if controller_loops:
-        from cephcsi.sidecars.controller import start_controller_loops
-
-        runner.add(start_controller_loops(settings, services, health, request_exit, controller_loops))
-    return runner

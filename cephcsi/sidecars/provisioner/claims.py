@@ -59,7 +59,9 @@ def selected_node(claim: Mapping[str, Any]) -> str:
 
 
 def waits_for_consumer(storage_class: Mapping[str, Any] | None) -> bool:
-    return bool(storage_class) and storage_class.get("volumeBindingMode") == names.BINDING_WAIT_FOR_FIRST_CONSUMER  # type: ignore[union-attr]
+    if not storage_class:  # no class (or an empty one): Immediate binding
+        return False
+    return storage_class.get("volumeBindingMode") == names.BINDING_WAIT_FOR_FIRST_CONSUMER
 
 
 def is_candidate(claim: Mapping[str, Any], driver_name: str) -> bool:

@@ -236,10 +236,12 @@ class ClaimWorker:
             ref = secrets.secret_ref(secrets.PROVISIONER, class_parameters, pv_name, claim)
         except InvalidArgument:
             return False  # CreateVolume refuses such a class: nothing was created
-        try:
-            secret_values = ctx.api.read_secret(ref.namespace, ref.name) if ref is not None else {}
-        except NotFound:
-            raise _CannotClean(f'provisioner secret "{ref.namespace}/{ref.name}" is gone') from None  # type: ignore[union-attr]
+        secret_values: dict[str, str] = {}
+        if ref is not None:  # a class without a provisioner secret: the call goes without one
+            try:
+                secret_values = ctx.api.read_secret(ref.namespace, ref.name)
+            except NotFound:
+                raise _CannotClean(f'provisioner secret "{ref.namespace}/{ref.name}" is gone') from None
         volume_id = ctx.controller.volumes.find(pv_name, parameters, Credentials.from_secrets(secret_values))
         if volume_id is None:
             return False

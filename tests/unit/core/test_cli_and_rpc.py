@@ -3,6 +3,7 @@ import sys
 
 import grpc
 import pytest
+from google.protobuf.message import Message
 
 from cephcsi._generated import csi_pb2
 from cephcsi.cli.args import parse_settings
@@ -89,11 +90,11 @@ class _Servicer(ServicerBase):
     service_name = "Test"
 
     @rpc
-    def Fails(self, request: object, context: object) -> None:
+    def Fails(self, request: Message, context: object) -> None:
         raise NotFound("no such volume")
 
     @rpc
-    def Crashes(self, request: object, context: object) -> None:
+    def Crashes(self, request: Message, context: object) -> None:
         raise ZeroDivisionError("boom")
 
 

@@ -1,0 +1,244 @@
+"""The composition root's sidecar half: settings → the embedded sidecars, built in one place.
+
+Imported by `cephcsi.cli.wiring.start_sidecars` only when --sidecars names some, so a process
+without them never loads the Kubernetes client. Everything the controller-mode loops use (API
+clients, informer factory, event recorder, CSI call pool, the loops and the Lease lock) is built
+here from Settings and handed to `ControllerLoops` ready-made; nothing under cephcsi.sidecars
+reads Settings to build its own collaborators.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kubernetes import client as k8s
+
+from cephcsi._generated import csi_pb2
+from cephcsi.csi.controller import ControllerServicer
+from cephcsi.csi.server import socket_path
+from cephcsi.csi.services import Services
+from cephcsi.errors import ConfigError
+from cephcsi.kube.client import ClientSettings, ThrottledApiClient, new_api_client
+from cephcsi.kube.errors import KubeError
+from cephcsi.kube.events import EventRecorder, EventSettings
+from cephcsi.kube.factory import InformerFactory
+from cephcsi.kube.informer import Informer
+from cephcsi.kube.leaderelection import LeaderElectionConfig
+from cephcsi.kube.leaselock import KubeLeaseLock
+from cephcsi.kube.ratelimit import ItemBackoffSettings
+from cephcsi.observability.health import HealthRegistry
+from cephcsi.settings import Settings
+from cephcsi.sidecars import kubeerrors
+from cephcsi.sidecars.api import KubeApi
+from cephcsi.sidecars.attacher import strategy as attach_strategy
+from cephcsi.sidecars.attacher.controller import AttacherLoop
+from cephcsi.sidecars.attacher.legacy import LegacyTakeover
+from cephcsi.sidecars.calls import CsiCalls
+from cephcsi.sidecars.controller import (
+    ControllerClients,
+    ControllerLoops,
+    Leadership,
+    Loops,
+    lease_name,
+    lease_namespace,
+)
+from cephcsi.sidecars.provisioner.context import ProvisionerContext, provisioner_identity
+from cephcsi.sidecars.provisioner.controller import ProvisionerLoop
+from cephcsi.sidecars.provisioner.pvspec import PVOptions
+from cephcsi.sidecars.provisioner.request import RequestOptions
+from cephcsi.sidecars.registrar import Registrar, RegistrarOptions
+from cephcsi.sidecars.resizer.api import ResizerApi
+from cephcsi.sidecars.resizer.controller import ResizerLoop
+from cephcsi.sidecars.resizer.worker import ResizerContext
+from cephcsi.sidecars.runner import SidecarRunner
+from cephcsi.sidecars.snapshotter.api import SnapshotApi
+from cephcsi.sidecars.snapshotter.content import SnapshotterContext
+from cephcsi.sidecars.snapshotter.controller import SnapshotterLoop
+
+RequestExit = Callable[[int, str], None]
+CONTROLLER_LOOPS = frozenset({"provisioner", "attacher", "resizer", "snapshotter"})
+_RPC = csi_pb2.ControllerServiceCapability.RPC
+_SERVICE = csi_pb2.PluginCapability.Service
+# Worker threads of the attacher: its work is one small patch per attachment, so the
+# provisioner-sized --worker-threads (100) would only add idle threads (external-attacher: 10).
+ATTACHER_WORKERS = 10
+# Resizer workers: external-resizer's default (--workers 10); resizes are rare and short.
+RESIZER_WORKERS = 10
+# Snapshotter workers: csi-snapshotter's default (--worker-threads 10).
+SNAPSHOTTER_WORKERS = 10
+
+
+def start_sidecars(settings: Settings, services: Services, health: HealthRegistry,
+                   request_exit: RequestExit) -> SidecarRunner:
+    """Start the sidecars chosen with --sidecars; the runner stops them in reverse order."""
+    runner = SidecarRunner()
+    enabled = set(settings.sidecars.enabled)
+    if "registrar" in enabled:
+        registrar = Registrar(registrar_options(settings))
+        registrar.start()
+        health.add_liveness("registrar", registrar.health)
+        runner.add(registrar)
+    chosen = enabled & CONTROLLER_LOOPS
+    if chosen:
+        loops = build_controller_loops(settings, services, health, request_exit, chosen)
+        loops.start()
+        runner.add(loops)
+    return runner
+
+
+def registrar_options(settings: Settings) -> RegistrarOptions:
+    kubelet_dir = settings.node.kubelet_dir or "/var/lib/kubelet"
+    csi_endpoint = settings.sidecars.kubelet_registration_path or os.path.join(
+        kubelet_dir, "plugins", settings.driver_name, "csi.sock"
+    )
+    return RegistrarOptions(
+        driver_name=settings.driver_name,
+        csi_endpoint=socket_path(csi_endpoint),
+        registry_dir=os.path.join(kubelet_dir, "plugins_registry"),
+    )
+
+
+def build_controller_loops(settings: Settings, services: Services, health: HealthRegistry,
+                           request_exit: RequestExit, chosen: set[str]) -> ControllerLoops:
+    """The controller-mode loops in `chosen`, with every collaborator they share."""
+    controller = services.controller
+    if controller is None:
+        raise ConfigError("the provisioner and attacher need the Controller service (--mode=controller or all)")
+    sidecar = settings.sidecars
+    api_client = _api_client(ClientSettings(kubeconfig=sidecar.kubeconfig or None, qps=sidecar.kube_api_qps,
+                                            burst=sidecar.kube_api_burst, timeout=15.0))
+    clients = ControllerClients(
+        api_client=api_client,
+        factory=InformerFactory(api_client),
+        events=EventRecorder(api_client, EventSettings(component=settings.driver_name)),
+        calls=CsiCalls(max_workers=sidecar.worker_threads, timeout=sidecar.timeout),
+    )
+    parts = _Parts(settings, services, controller, clients, KubeApi(api_client),
+                   ItemBackoffSettings(sidecar.retry_interval_start,
+                                       max(sidecar.retry_interval_start, sidecar.retry_interval_max)))
+    loops = Loops(
+        provisioner=_provisioner(parts) if "provisioner" in chosen else None,
+        attacher=_attacher(parts) if "attacher" in chosen else None,
+        resizer=_resizer(parts) if "resizer" in chosen else None,
+        snapshotter=_snapshotter(parts) if "snapshotter" in chosen else None,
+    )
+    leadership = _leadership(settings) if sidecar.leader_election else None
+    return ControllerLoops(clients, loops, health, request_exit, leadership=leadership,
+                           shutdown_grace=settings.shutdown_grace)
+
+
+def _leadership(settings: Settings) -> Leadership:
+    """The Lease and its lock, on an API client of its own without a rate limit (qps=0)."""
+    sidecar = settings.sidecars
+    config = LeaderElectionConfig(
+        lease_name=lease_name(settings.driver_name),
+        namespace=lease_namespace(sidecar.leader_election_namespace),
+        lease_duration=sidecar.lease_duration,
+        renew_deadline=sidecar.renew_deadline,
+        retry_period=sidecar.retry_period,
+    )
+    client = _api_client(ClientSettings(kubeconfig=sidecar.kubeconfig or None, qps=0))
+    return Leadership(config, KubeLeaseLock(client, config.namespace, config.lease_name), client)
+
+
+def _api_client(settings: ClientSettings) -> ThrottledApiClient:
+    """new_api_client, its failure (no usable kubeconfig) as a cephcsi ConfigError."""
+    try:
+        return new_api_client(settings)
+    except KubeError as error:
+        raise kubeerrors.from_kube(error) from error
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What the loop builders below share."""
+
+    settings: Settings
+    services: Services
+    controller: ControllerServicer
+    clients: ControllerClients
+    api: KubeApi
+    backoff: ItemBackoffSettings
+
+    @property
+    def api_client(self) -> k8s.ApiClient:
+        return self.clients.api_client
+
+    @property
+    def factory(self) -> InformerFactory:
+        return self.clients.factory
+
+    def capabilities(self) -> list[csi_pb2.ControllerServiceCapability]:
+        request = csi_pb2.ControllerGetCapabilitiesRequest()
+        return list(self.controller.ControllerGetCapabilities(request, None).capabilities)
+
+    def multi_writer(self) -> bool:
+        return any(c.rpc.type == _RPC.SINGLE_NODE_MULTI_WRITER for c in self.capabilities())
+
+
+def _provisioner(parts: _Parts) -> ProvisionerLoop:
+    sidecar, factory, driver = parts.settings.sidecars, parts.factory, parts.settings.driver_name
+    multi_writer = parts.multi_writer()
+    plugin_caps = parts.services.identity.GetPluginCapabilities(csi_pb2.GetPluginCapabilitiesRequest(), None)
+    use_topology = any(c.service.type == _SERVICE.VOLUME_ACCESSIBILITY_CONSTRAINTS for c in plugin_caps.capabilities)
+    ctx = ProvisionerContext(
+        driver_name=driver,
+        claims=factory.persistent_volume_claims(),
+        volumes=factory.persistent_volumes(),
+        classes=factory.storage_classes(),
+        attachments=factory.volume_attachments(),
+        api=parts.api,
+        events=parts.clients.events,
+        controller=parts.controller,
+        calls=parts.clients.calls,
+        request_options=RequestOptions(driver, sidecar.default_fstype, sidecar.extra_create_metadata, multi_writer),
+        pv_options=PVOptions(driver, provisioner_identity(driver), use_topology),
+        nodes=factory.nodes() if use_topology else None,
+        csinodes=factory.csi_nodes() if use_topology else None,
+        snapshots=SnapshotApi(parts.api_client),
+    )
+    return ProvisionerLoop(ctx, workers=sidecar.worker_threads, backoff=parts.backoff)
+
+
+def _attacher(parts: _Parts) -> AttacherLoop:
+    driver = parts.settings.driver_name
+    chosen = attach_strategy.choose(parts.capabilities(), parts.api)
+    attachments = parts.factory.volume_attachments()
+    # Finalizers left by ceph-csi >= 3.15's csi-attacher are taken over (attacher/legacy.py).
+    takeover = LegacyTakeover(parts.api, driver, attachments)
+    return AttacherLoop(driver, attachments, chosen,
+                        workers=min(parts.settings.sidecars.worker_threads, ATTACHER_WORKERS), backoff=parts.backoff,
+                        volumes=parts.factory.persistent_volumes(), takeover=takeover)
+
+
+def _resizer(parts: _Parts) -> ResizerLoop:
+    ctx = ResizerContext(
+        driver_name=parts.settings.driver_name,
+        claims=parts.factory.persistent_volume_claims(),
+        volumes=parts.factory.persistent_volumes(),
+        api=parts.api,
+        writer=ResizerApi(parts.api_client),
+        events=parts.clients.events,
+        controller=parts.controller,
+        calls=parts.clients.calls,
+        multi_writer=parts.multi_writer(),
+    )
+    return ResizerLoop(ctx, workers=min(parts.settings.sidecars.worker_threads, RESIZER_WORKERS),
+                       backoff=parts.backoff)
+
+
+def _snapshotter(parts: _Parts) -> SnapshotterLoop:
+    snapshots = SnapshotApi(parts.api_client)
+    ctx = SnapshotterContext(
+        driver_name=parts.settings.driver_name,
+        contents=Informer(snapshots.list_contents, name="volumesnapshotcontents"),
+        snapshots=snapshots,
+        api=parts.api,
+        events=parts.clients.events,
+        controller=parts.controller,
+        calls=parts.clients.calls,
+        extra_create_metadata=parts.settings.sidecars.extra_create_metadata,
+    )
+    return SnapshotterLoop(ctx, workers=min(parts.settings.sidecars.worker_threads, SNAPSHOTTER_WORKERS),
+                           backoff=parts.backoff)
