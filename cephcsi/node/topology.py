@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cephcsi.errors import FailedPrecondition, Unavailable
 from cephcsi.observability.logging import fields
+
+if TYPE_CHECKING:
+    from kubernetes.client import CoreV1Api
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +54,7 @@ class KubeNodeLabels:
         self.kubeconfig = kubeconfig
         self.timeout = timeout
 
-    def _api(self) -> object:
+    def _api(self) -> CoreV1Api:
         from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
 
@@ -73,7 +76,7 @@ class KubeNodeLabels:
 
         api = self._api()
         try:
-            node = api.read_node(node_name, _request_timeout=self.timeout)  # type: ignore[attr-defined]
+            node = api.read_node(node_name, _request_timeout=self.timeout)
         except ApiException as error:
             raise Unavailable(
                 f"{_CANNOT}: the API server answered {error.status} {error.reason} "

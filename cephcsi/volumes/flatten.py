@@ -13,9 +13,11 @@ the policy only decides *when to queue them*:
   readiness before restoring from it, so chains through snapshots never exceed the limit);
 - a source image with at least `min_snapshots` snapshots has the children of its oldest
   snapshots flattened, so its snapshot count returns below `min_snapshots` (each CSI snapshot
-  or clone leaves one on the source until its child is flattened or deleted); at
-  `max_snapshots` the count is over budget and this is logged as a warning — the request
-  still succeeds, since the flattens already queued are what brings it down.
+  or clone leaves one on the source until its child is flattened or deleted). A child that
+  was deleted but waits in the RBD trash for its own clones (a deleted snapshot with restored
+  volumes) cannot be flattened by name, so its clones are flattened instead, which lets
+  librbd purge it. At `max_snapshots` the count is over budget and this is logged as a
+  warning — the request still succeeds, since the flattens already queued bring it down.
 """
 from __future__ import annotations
 
@@ -83,12 +85,35 @@ def limit_snapshots(session: Session, source: rbd.Image, where: Placement, polic
         log.warning("image is over its snapshot budget; flattens of its clones are queued",
                     extra=fields(image=where.name, snapshots=len(snaps), max=policy.max_snapshots))
     excess = len(snaps) - policy.min_snapshots + 1
+    # Only trash-namespace snapshots: user-namespace ones are a cut in progress or not ours.
     for snap in [s for s in snaps if s.namespace == layering.TRASH_NAMESPACE][:excess]:
-        source.set_snap_by_id(snap.snap_id)
-        try:
-            children = list(source.list_children2())
-        finally:
-            source.set_snap_by_id(None)
-        for child in children:
-            layering.queue_flatten(session, str(child["pool"]), str(child.get("pool_namespace", "")),
-                                   str(child["image"]))
+        _release(session, _children_at(source, snap.snap_id), KRBD_MAX_CHAIN)
+
+
+def _children_at(image: rbd.Image, snap_id: int) -> list[dict[str, object]]:
+    image.set_snap_by_id(snap_id)
+    try:
+        return [dict(c) for c in image.list_children2()]
+    finally:
+        image.set_snap_by_id(None)
+
+
+def _release(session: Session, children: list[dict[str, object]], hops: int) -> None:
+    """Queue the flattens that detach these children from the snapshot they hang from."""
+    for child in children:
+        pool, namespace = str(child["pool"]), str(child.get("pool_namespace") or "")
+        if not child.get("trash"):
+            layering.queue_flatten(session, pool, namespace, str(child["image"]))
+        elif hops > 0:
+            # A deleted image (e.g. a deleted snapshot's) waits in the RBD trash while its own
+            # clones read through it, and the mgr flattens only by name, which it no longer has.
+            # Flattening those clones lets librbd purge it, which frees the snapshot.
+            _release(session, _children_of_trashed(session, pool, namespace, str(child["id"])), hops - 1)
+
+
+def _children_of_trashed(session: Session, pool: str, namespace: str, image_id: str) -> list[dict[str, object]]:
+    try:
+        with session.ioctx(pool, namespace) as io, layering.open_by_id(io, image_id) as image:
+            return layering.children_of(image)
+    except rbd.ImageNotFound:
+        return []  # purged meanwhile: the snapshot is free already, or will be at once

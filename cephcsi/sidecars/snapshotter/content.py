@@ -212,8 +212,11 @@ class ContentWorker:
             except CephCSIError as error:
                 self._failed(content, "SnapshotDeleteError", error, final=False)
                 raise
-            self.ctx.snapshots.patch_content_status(name, {"snapshotHandle": None, "readyToUse": False})
+            cleared = self.ctx.snapshots.patch_content_status(name, {"snapshotHandle": None, "readyToUse": False})
             log.info("snapshot deleted", extra=fields(content=name, snapshot=handle))
+            # That write gave the content a new resourceVersion: the finalizer patch must name
+            # it, or it always conflicts and the content waits one backoff for nothing.
+            content = cleared or content
         self._remove_finalizer(content)
 
     def _remove_finalizer(self, content: KubeObject) -> None:
@@ -254,10 +257,17 @@ class ContentWorker:
         return self.ctx.api.read_secret(namespace, name) if name and namespace else {}
 
     def _failed(self, content: KubeObject, reason: str, error: CephCSIError, final: bool) -> None:
+        """Event and status.error; `final` (create only) also drops the being-created annotation,
+        which create() set before the call even when the cached `content` predates it."""
         if isinstance(error, NotReady):
             return
         name = objects.name(content)
         self.ctx.events.event(content, WARNING, reason, error.message)
-        self.ctx.snapshots.patch_content_status(name, error_status(error.message))
-        if final and BEING_CREATED in objects.annotations_of(content):
+        recorded = ((content.get("status") or {}).get("error") or {}).get("message")
+        if recorded != error.message:
+            # As csi-snapshotter: the same error is not written again. Only its time would
+            # change, and the watch event of that write re-queues the content at once, around
+            # the backoff.
+            self.ctx.snapshots.patch_content_status(name, error_status(error.message))
+        if final:
             self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {BEING_CREATED: None}}})

@@ -87,3 +87,31 @@ def delete_all(driver: DriverProcess, cluster: CephTestCluster, snapshots: list[
     for volume_id in volumes:
         delete = csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=cluster.secrets)
         until_ok(lambda: c.DeleteVolume(delete, timeout=60), deadline=90, also=also)
+
+
+def snapshot_count(cluster: CephTestCluster, name: str) -> int:
+    """RBD snapshots on the image, every namespace (trash-namespace ones hold clone children)."""
+    with admin_ioctx(cluster) as io, rbd.Image(io, name, read_only=True) as image:
+        return len(list(image.list_snaps()))
+
+
+def read_chain(cluster: CephTestCluster, name: str) -> int:
+    """How many parents a read of the image's head can fall through, following each parent at
+    the snapshot its child links to (what krbd and librbd follow). Unlike `depth`, this also
+    counts parents kept only by the snapshots of an image flattened without deep-flatten."""
+    count = 0
+    with admin_ioctx(cluster) as io:
+        image = rbd.Image(io, name, read_only=True)
+        try:
+            while True:
+                try:
+                    parent_id, snap_name = image.parent_id(), image.get_parent_image_spec()["snap_name"]
+                except rbd.ImageNotFound:
+                    return count
+                count += 1
+                image.close()
+                image = rbd.Image(io, image_id=parent_id, read_only=True)
+                snap_ids = [int(s["id"]) for s in image.list_snaps() if s["name"] == snap_name]
+                image.set_snap_by_id(snap_ids[0])
+        finally:
+            image.close()
