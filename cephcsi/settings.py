@@ -63,6 +63,9 @@ class NodeSettings:
     """Default mapper: auto | krbd | rbd-nbd | fuse (the userspace rbd-fuse + loop mapper)."""
     domain_labels: tuple[str, ...] = ()
     """Node labels that make up the topology domain (enables VOLUME_ACCESSIBILITY_CONSTRAINTS)."""
+    read_affinity_labels: tuple[str, ...] = ()
+    """--crush-location-labels when --enable-read-affinity is on: used for clusters whose
+    config.json readAffinity is enabled without labels of its own (as ceph-csi does)."""
     max_volumes_per_node: int = 0
     """Reported in NodeGetInfo; 0 means no limit."""
     device_timeout: float = 30.0

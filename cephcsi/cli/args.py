@@ -111,6 +111,11 @@ def _node_flags(p: argparse.ArgumentParser) -> None:
     n.add_argument("--state-dir", default="/var/lib/cephcsi", help="driver state on the host")
     n.add_argument("--mounter", choices=MOUNTERS, default="auto", help="default mapper (StorageClass 'mounter' overrides)")
     n.add_argument("--domainlabels", default="", help="comma-separated node labels forming the topology")
+    n.add_argument("--enable-read-affinity", type=_bool, nargs="?", const=True, default=False,
+                   help="with --crush-location-labels: the labels for config.json entries whose readAffinity is "
+                        "enabled without crushLocationLabels (ceph-csi's flag)")
+    n.add_argument("--crush-location-labels", default="",
+                   help="comma-separated node labels giving the node's CRUSH location for read affinity")
     n.add_argument("--max-volumes-per-node", type=int, default=0)
     n.add_argument("--device-timeout", type=_duration, default=30.0)
     n.add_argument("--kubelet-registration-path", default="", help="CSI socket path as the kubelet sees it")
@@ -198,6 +203,8 @@ def _node_settings(a: argparse.Namespace) -> NodeSettings:
         state_dir=a.state_dir,
         mounter=a.mounter,
         domain_labels=tuple(x.strip() for x in a.domainlabels.split(",") if x.strip()),
+        read_affinity_labels=(tuple(x.strip() for x in a.crush_location_labels.split(",") if x.strip())
+                              if a.enable_read_affinity else ()),
         max_volumes_per_node=a.max_volumes_per_node,
         device_timeout=a.device_timeout,
     )

@@ -64,6 +64,7 @@ def build_node(settings: Settings, clusters: ClusterRegistry) -> NodeServicer:
         state_dir=node.state_dir,
         mounter=node.mounter,
         domain_labels=node.domain_labels,
+        read_affinity_labels=node.read_affinity_labels,
         max_volumes_per_node=node.max_volumes_per_node,
         device_timeout=node.device_timeout,
         command_timeout=node.command_timeout,

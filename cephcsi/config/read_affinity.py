@@ -7,10 +7,10 @@ With it on, krbd maps that cluster's images with `read_from_replica=localize` an
 CRUSH location taken from the named Node labels (cephcsi.node.mappers.read_affinity), so reads
 go to the nearest replica instead of always to the primary OSD.
 
-ceph-csi also has node-plugin flags `--enable-read-affinity` / `--crush-location-labels`; since
-3.10 they only supply the labels for a cluster whose entry says `enabled: true` with an empty
-label list (a cluster without the entry gets no read affinity, flags or not). cephcsi has no
-such flags, so there an enabled entry without labels does nothing, which is said once at load.
+The node-plugin flags `--enable-read-affinity` / `--crush-location-labels` (ceph-csi's) only
+supply the labels for a cluster whose entry says `enabled: true` with an empty label list (a
+cluster without the entry gets no read affinity, flags or not); the config file is read by
+both modes, so an enabled entry without labels is mentioned once at load.
 """
 from __future__ import annotations
 
@@ -65,14 +65,15 @@ def parse(entry: Mapping[str, Any], where: str) -> ReadAffinity:
 
 
 def note_inactive(affinity: ReadAffinity, cluster_id: str, source: str) -> None:
-    """Say once per cluster that `enabled: true` without labels maps without read affinity
-    (ceph-csi would take the labels from its --crush-location-labels flag)."""
+    """Say once per cluster that `enabled: true` without labels depends on the node plugin's
+    --enable-read-affinity --crush-location-labels (without them: no read affinity)."""
     if not affinity.enabled or affinity.crush_location_labels or cluster_id in _warned:
         return
     _warned.add(cluster_id)
-    log.warning(
-        "readAffinity is enabled without crushLocationLabels: read affinity stays off for this cluster",
+    log.info(
+        "readAffinity is enabled without crushLocationLabels: the node plugin's --crush-location-labels apply",
         extra={"fields": {"source": source, "cluster_id": cluster_id,
-                          "reason": "cephcsi has no --crush-location-labels flag to fall back on (ceph-csi's); "
-                                    "list the Node labels in readAffinity.crushLocationLabels"}},
+                          "reason": "without --enable-read-affinity --crush-location-labels on the node plugin this "
+                                    "cluster maps without read affinity; or list the labels in "
+                                    "readAffinity.crushLocationLabels"}},
     )

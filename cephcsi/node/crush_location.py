@@ -27,8 +27,10 @@ LABELS_TTL = 300.0
 
 class CrushLocator:
     def __init__(self, source: NodeLabels, node_name: str, ttl: float = LABELS_TTL,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, fallback_labels: tuple[str, ...] = ()) -> None:
         self.source = source
+        self.fallback_labels = fallback_labels
+        """--crush-location-labels (with --enable-read-affinity): for entries enabled without labels."""
         self.node_name = node_name
         self.ttl = ttl
         self.clock = clock
@@ -55,12 +57,13 @@ class CrushLocator:
     def location(self, affinity: ReadAffinity) -> CrushLocation:
         """The (type, value) pairs to map with, or () when read affinity is off or the node
         carries none of the labels (said once per label list)."""
-        if not affinity.active:
+        labels = affinity.crush_location_labels or self.fallback_labels
+        if not affinity.enabled or not labels:
             return ()
-        found = crush_location(affinity.crush_location_labels, self._node_labels())
-        if not found and affinity.crush_location_labels not in self._unlocated:
-            self._unlocated.add(affinity.crush_location_labels)
+        found = crush_location(labels, self._node_labels())
+        if not found and labels not in self._unlocated:
+            self._unlocated.add(labels)
             log.warning("readAffinity is on but this node has none of its crushLocationLabels: "
                         "mapping without read_from_replica=localize",
-                        extra=fields(node=self.node_name, labels=",".join(affinity.crush_location_labels)))
+                        extra=fields(node=self.node_name, labels=",".join(labels)))
         return found

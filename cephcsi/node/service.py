@@ -46,6 +46,7 @@ class NodeConfig:
     command_timeout: float
     connect_timeout: float
     kubeconfig: str = ""
+    read_affinity_labels: tuple[str, ...] = ()
 
 
 class NodeService:
@@ -74,7 +75,7 @@ class NodeService:
         }
         self.choice = MapperChoice(config.mounter, probe or NodeProbe(modprobe=runner_modprobe(runner)))
         self.expander = NodeExpander(self.mappers, runner, config.command_timeout, min(config.device_timeout, 10.0))
-        self.crush = CrushLocator(self.labels, config.node_id)
+        self.crush = CrushLocator(self.labels, config.node_id, fallback_labels=config.read_affinity_labels)
         self.stager = Stager(self.mappers, self.choice, mounter, runner, config.command_timeout, config.kubelet_dir,
                              after_ready=self.expander.after_stage,
                              before_mount=self.expander.before_mount,

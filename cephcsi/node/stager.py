@@ -147,7 +147,7 @@ class Stager:
                         options: list[str]) -> read_affinity.CrushLocation:
         """Only krbd maps with read affinity (as in ceph-csi); the Node's labels are not even
         read when another mapper maps or the StorageClass set read placement itself."""
-        if self.crush_location is None or record.mapper != KRBD or not request.read_affinity.active or \
+        if self.crush_location is None or record.mapper != KRBD or not request.read_affinity.enabled or \
                 read_affinity.user_decides(options):
             return ()
         return self.crush_location(request.read_affinity)

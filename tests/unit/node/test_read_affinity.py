@@ -68,15 +68,34 @@ def test_malformed_read_affinity_is_a_config_error(affinity: Any, message: str) 
         parse_clusters(_entry(affinity))
 
 
-def test_enabled_without_labels_stays_off_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    """ceph-csi would take the labels from --crush-location-labels; cephcsi has no such flag."""
+def test_enabled_without_labels_says_once_that_the_node_flags_decide(caplog: pytest.LogCaptureFixture) -> None:
+    """As in ceph-csi: such an entry takes its labels from --crush-location-labels."""
     config._warned.discard("c1")
-    caplog.set_level(logging.WARNING, logger="cephcsi.config.read_affinity")
+    caplog.set_level(logging.INFO, logger="cephcsi.config.read_affinity")
     clusters = parse_clusters(_entry({"enabled": True}))
     parse_clusters(_entry({"enabled": True, "crushLocationLabels": []}))
     assert clusters["c1"].read_affinity == ReadAffinity(True, ()) and not clusters["c1"].read_affinity.active
-    warnings = [r for r in caplog.records if "without crushLocationLabels" in r.getMessage()]
-    assert len(warnings) == 1  # once per cluster
+    notes = [r for r in caplog.records if "without crushLocationLabels" in r.getMessage()]
+    assert len(notes) == 1  # once per cluster
+
+
+def test_the_flags_labels_serve_only_entries_enabled_without_their_own() -> None:
+    source = Labels(NODE)
+    locator = CrushLocator(source, "node-1", fallback_labels=(HOST,))
+    assert locator.location(ReadAffinity(True, ())) == (("host", "node-1-example-com"),)
+    assert locator.location(ReadAffinity(True, (ZONE,))) == (("zone", "eu-west-1a"),)  # the entry's own win
+    assert locator.location(config.DISABLED) == ()  # not enabled in config.json: never, flags or not
+    assert CrushLocator(source, "node-1").location(ReadAffinity(True, ())) == ()  # no flags: off
+
+
+def test_read_affinity_flags() -> None:
+    from cephcsi.cli.args import parse_settings
+
+    base = ["--mode=node", "--nodeid=n1", "--endpoint=unix:///tmp/x.sock"]
+    on = parse_settings([*base, "--enable-read-affinity", "--crush-location-labels=a/zone, kubernetes.io/hostname"])
+    assert on.node.read_affinity_labels == ("a/zone", "kubernetes.io/hostname")
+    off = parse_settings([*base, "--crush-location-labels=a/zone"])
+    assert off.node.read_affinity_labels == ()  # the labels alone do nothing (ceph-csi's rule)
 
 
 # -- Node labels → crush_location ---------------------------------------------------------
