@@ -152,3 +152,40 @@ def test_snapshot_and_restore(e2e: E2EEnv, namespace: str, snapshot_class: str) 
              timeout=60)
     delete_claim(e2e, namespace, "restored", restored)
     delete_claim(e2e, namespace, "src", source)
+
+
+def test_clone_of_a_claim_into_a_larger_one(e2e: E2EEnv, namespace: str) -> None:
+    """PVC → PVC clone (no snapshot class involved): the clone binds while the source's pod
+    runs, carries the source's data, and is larger than the source — its ext4 is grown when
+    the clone is first staged (before the mount: no capability needed)."""
+    kube = e2e.kube
+    token = uuid.uuid4().hex
+    source = provision(e2e, namespace, "src")
+    kube.create_pod(namespace, "writer", IMAGE, f"echo {token} > /data/token && sync && {IDLE}", "src")
+    kube.wait_pod_ready(namespace, "writer")
+    wait_for("the writer's token written", lambda: kube.exec_in(namespace, "writer", "cat /data/token 2>/dev/null || true"),
+             timeout=60)
+    kube.exec_in(namespace, "writer", "sync")
+
+    kube.core.create_namespaced_persistent_volume_claim(namespace, {
+        "metadata": {"name": "clone"},
+        "spec": {"storageClassName": STORAGE_CLASS, "accessModes": ["ReadWriteOnce"],
+                 "resources": {"requests": {"storage": "128Mi"}},
+                 "dataSource": {"kind": "PersistentVolumeClaim", "name": "src"}}})
+    clone = kube.wait_bound(namespace, "clone", timeout=120)
+    assert image_name(clone) != image_name(source)
+    assert clone["spec"]["capacity"]["storage"] == "128Mi"
+    # As external-provisioner: the source claim keeps its clone protection until it is itself
+    # deleted (then released, since no clone of it is pending: delete_claim below waits for it).
+    finalizers = (kube.pvc(namespace, "src") or {}).get("metadata", {}).get("finalizers") or []
+    assert "provisioner.storage.kubernetes.io/cloning-protection" in finalizers, finalizers
+    kube.delete_pod(namespace, "writer")
+
+    kube.create_pod(namespace, "reader", IMAGE, IDLE, "clone")
+    kube.wait_pod_ready(namespace, "reader")
+    assert kube.exec_in(namespace, "reader", "cat /data/token").strip() == token
+    size = int(kube.exec_in(namespace, "reader", "df -B1 --output=size /data | tail -n 1").strip())
+    assert size > 96 * (1 << 20), f"the clone's filesystem was not grown to its claim: {size} bytes"
+    kube.delete_pod(namespace, "reader")
+    delete_claim(e2e, namespace, "clone", clone)
+    delete_claim(e2e, namespace, "src", source)
