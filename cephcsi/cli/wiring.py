@@ -53,8 +53,9 @@ def build_controller(settings: Settings, clusters: ClusterRegistry) -> Controlle
 
 def build_node(settings: Settings, clusters: ClusterRegistry) -> NodeServicer:
     # The node stack (pyudev, mappers) is imported only where it is served.
+    from cephcsi.cli.node_wiring import build_node_service
     from cephcsi.csi.node import NodeServicer
-    from cephcsi.node.service import NodeConfig, NodeService
+    from cephcsi.node.service import NodeConfig
 
     node = settings.node
     config = NodeConfig(
@@ -71,7 +72,7 @@ def build_node(settings: Settings, clusters: ClusterRegistry) -> NodeServicer:
         connect_timeout=settings.ceph.mount_timeout,
         kubeconfig=settings.sidecars.kubeconfig,
     )
-    return NodeServicer(NodeService(config), clusters, settings)
+    return NodeServicer(build_node_service(config), clusters, settings)
 
 
 def build_services(settings: Settings, clusters: ClusterRegistry) -> Services:

@@ -1,5 +1,5 @@
-"""The node service: wires mappers, stager and publisher from settings, and serializes work
-per volume and per path.
+"""The node service: serializes work per volume and per path over the stager, publisher and
+expander it is given (built by cephcsi.cli.node_wiring).
 
 Locking: every operation holds non-blocking KeyLocks — stage/unstage on the volume id and the
 staging path, publish/unpublish on the volume id and the target path. A busy key fails at once
@@ -16,19 +16,14 @@ from dataclasses import dataclass
 
 from cephcsi.errors import NotFound
 from cephcsi.locks import KeyLocks
-from cephcsi.node import devices, exec as node_exec, mounts, stage_record, stats
-from cephcsi.node.crush_location import CrushLocator
+from cephcsi.node import mounts, stage_record, stats
 from cephcsi.node.expander import NodeExpander, NodeExpandRequest
-from cephcsi.node.mappers.base import FUSE, KRBD, NBD, Mapper
-from cephcsi.node.mappers.fuse import FuseMapper
 from cephcsi.node.mappers.fuse_capacity import LoopCapacityFollower
-from cephcsi.node.mappers.krbd import KrbdMapper
-from cephcsi.node.mappers.nbd import NbdMapper
-from cephcsi.node.mappers.select import MapperChoice, NodeProbe, runner_modprobe
+from cephcsi.node.mappers.select import MapperChoice
 from cephcsi.node.publisher import Publisher
 from cephcsi.node.requests import PublishRequest, StageRequest
 from cephcsi.node.stager import Stager
-from cephcsi.node.topology import KubeNodeLabels, NodeLabels, segments
+from cephcsi.node.topology import NodeLabels, segments
 
 log = logging.getLogger(__name__)
 
@@ -49,43 +44,30 @@ class NodeConfig:
     read_affinity_labels: tuple[str, ...] = ()
 
 
+@dataclass
+class NodeParts:
+    """What a NodeService works with, built by the composition root (cephcsi.cli.node_wiring)."""
+
+    labels: NodeLabels
+    choice: MapperChoice
+    stager: Stager
+    publisher: Publisher
+    expander: NodeExpander
+    loop_follower: LoopCapacityFollower
+
+
 class NodeService:
-    def __init__(
-        self,
-        config: NodeConfig,
-        runner: node_exec.Runner = node_exec.run,
-        labels: NodeLabels | None = None,
-        probe: NodeProbe | None = None,
-    ) -> None:
+    def __init__(self, config: NodeConfig, parts: NodeParts) -> None:
         self.config = config
-        self.runner = runner
-        self.labels = labels or KubeNodeLabels(config.kubeconfig)
-        mounter = mounts.Mounter(runner, config.command_timeout)
-        fuse = FuseMapper(
-            runner, config.command_timeout, config.state_dir, config.connect_timeout,
-            devices.wait_for_device, config.device_timeout, mounter,
-        )
-        self.mappers: dict[str, Mapper] = {
-            KRBD: KrbdMapper(runner, config.command_timeout, devices.wait_for_device, config.device_timeout, devices.udev_running),
-            NBD: NbdMapper(
-                runner, config.command_timeout, devices.wait_for_device, config.device_timeout,
-                log_dir=os.path.join(config.state_dir, "log"),
-            ),
-            FUSE: fuse,
-        }
-        self.choice = MapperChoice(config.mounter, probe or NodeProbe(modprobe=runner_modprobe(runner)))
-        self.expander = NodeExpander(self.mappers, runner, config.command_timeout, min(config.device_timeout, 10.0))
-        self.crush = CrushLocator(self.labels, config.node_id, fallback_labels=config.read_affinity_labels)
-        self.stager = Stager(self.mappers, self.choice, mounter, runner, config.command_timeout, config.kubelet_dir,
-                             after_ready=self.expander.after_stage,
-                             before_mount=self.expander.before_mount,
-                             crush_location=self.crush.location)
-        self.publisher = Publisher(mounter, config.kubelet_dir)
+        self.labels = parts.labels
+        self.choice = parts.choice
+        self.stager = parts.stager
+        self.publisher = parts.publisher
+        self.expander = parts.expander
+        self.loop_follower = parts.loop_follower
         self.volume_locks = KeyLocks("volume")
         self.path_locks = KeyLocks("path")
         self.backing_check = stats.BackingCheck()
-        self.loop_follower = LoopCapacityFollower(fuse.root, runner, config.command_timeout)
-        """Started by the process (cli.main), not here: tests build services without threads."""
 
     @contextmanager
     def _locked(self, volume_id: str, path: str) -> Iterator[None]:

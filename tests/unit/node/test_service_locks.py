@@ -6,6 +6,7 @@ import threading
 import pytest
 
 from cephcsi.ceph.credentials import Credentials
+from cephcsi.cli.node_wiring import build_node_service
 from cephcsi.errors import OperationInFlight
 from cephcsi.node.mappers.select import NodeProbe
 from cephcsi.node.requests import StageRequest, VolumeAccess
@@ -36,7 +37,7 @@ class BlockingStager:
 
 def _service() -> tuple[NodeService, BlockingStager]:
     config = NodeConfig("n1", "rbd.csi.ceph.com", "", "/tmp/unused", "fuse", (), 0, 1.0, 10.0, 5.0)
-    service = NodeService(config, runner=FakeRunner(), labels=None, probe=NodeProbe())
+    service = build_node_service(config, runner=FakeRunner(), labels=None, probe=NodeProbe())
     stager = BlockingStager()
     service.stager = stager  # type: ignore[assignment]
     return service, stager

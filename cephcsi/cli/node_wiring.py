@@ -1,0 +1,54 @@
+"""The node half of the composition root: NodeConfig → the node service and its parts.
+
+Imported only where the Node service is served (pyudev and the mappers load with it). Tests
+build a NodeService from parts, or through `build_node_service` with a fake runner.
+"""
+from __future__ import annotations
+
+import os
+
+from cephcsi.node import devices, exec as node_exec, mounts
+from cephcsi.node.crush_location import CrushLocator
+from cephcsi.node.expander import NodeExpander
+from cephcsi.node.mappers.base import FUSE, KRBD, NBD, Mapper
+from cephcsi.node.mappers.fuse import FuseMapper
+from cephcsi.node.mappers.fuse_capacity import LoopCapacityFollower
+from cephcsi.node.mappers.krbd import KrbdMapper
+from cephcsi.node.mappers.nbd import NbdMapper
+from cephcsi.node.mappers.select import MapperChoice, NodeProbe, runner_modprobe
+from cephcsi.node.publisher import Publisher
+from cephcsi.node.service import NodeConfig, NodeParts, NodeService
+from cephcsi.node.stager import Stager
+from cephcsi.node.topology import KubeNodeLabels, NodeLabels
+
+
+def build_node_service(config: NodeConfig, runner: node_exec.Runner = node_exec.run,
+                       labels: NodeLabels | None = None, probe: NodeProbe | None = None) -> NodeService:
+    labels = labels or KubeNodeLabels(config.kubeconfig)
+    mounter = mounts.Mounter(runner, config.command_timeout)
+    fuse = FuseMapper(
+        runner, config.command_timeout, config.state_dir, config.connect_timeout,
+        devices.wait_for_device, config.device_timeout, mounter,
+    )
+    mappers: dict[str, Mapper] = {
+        KRBD: KrbdMapper(runner, config.command_timeout, devices.wait_for_device, config.device_timeout,
+                         devices.udev_running),
+        NBD: NbdMapper(runner, config.command_timeout, devices.wait_for_device, config.device_timeout,
+                       log_dir=os.path.join(config.state_dir, "log")),
+        FUSE: fuse,
+    }
+    choice = MapperChoice(config.mounter, probe or NodeProbe(modprobe=runner_modprobe(runner)))
+    expander = NodeExpander(mappers, runner, config.command_timeout, min(config.device_timeout, 10.0))
+    crush = CrushLocator(labels, config.node_id, fallback_labels=config.read_affinity_labels)
+    stager = Stager(mappers, choice, mounter, runner, config.command_timeout, config.kubelet_dir,
+                    after_ready=expander.after_stage, before_mount=expander.before_mount,
+                    crush_location=crush.location)
+    return NodeService(config, NodeParts(
+        labels=labels,
+        choice=choice,
+        stager=stager,
+        publisher=Publisher(mounter, config.kubelet_dir),
+        expander=expander,
+        # Started by the process (cli.main), not here: tests build services without threads.
+        loop_follower=LoopCapacityFollower(fuse.root, runner, config.command_timeout),
+    ))
