@@ -123,7 +123,12 @@ def children_of(image: rbd.Image) -> list[dict[str, object]]:
 
 
 def depth(session: Session, image: rbd.Image) -> int:
-    """Number of images between this one and flat storage (its clone-chain depth)."""
+    """Number of images between this one and flat storage (its clone-chain depth).
+
+    Each step follows the parent *of the snapshot the child reads through*, not the parent's
+    head: an image flattened without deep-flatten (restored and cloned volumes) has a flat head
+    while its older snapshots still read through its old parent, and a child cut from such a
+    snapshot is as deep as that snapshot's chain."""
     count = 0
     link = parent_link(image)
     while link is not None:
@@ -131,6 +136,9 @@ def depth(session: Session, image: rbd.Image) -> int:
         if count >= MAX_DEPTH_WALK:
             return count
         with session.ioctx(link.pool, link.namespace) as parent_io, open_by_id(parent_io, link.image_id) as parent:
+            snap = next((s for s in list_snaps(parent) if s.name == link.snap_name), None)
+            if snap is not None:
+                parent.set_snap_by_id(snap.snap_id)
             link = parent_link(parent)
     return count
 
