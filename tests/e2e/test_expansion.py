@@ -199,7 +199,8 @@ def test_ext4_grows_online_or_at_the_next_stage(e2e: E2EEnv, namespace: str) -> 
         kube.wait_pod_ready(namespace, "app")
         wait_resized(e2e, namespace, "grow4", 160)
     after = df_bytes(e2e, namespace, "app")
-    assert after >= before + 90 * MI, (before, after)
+    # 96 MiB more device; ext4 keeps some of each new block group for its own metadata.
+    assert after >= before + 80 * MI, (before, after)
     assert kube.exec_in(namespace, "app", "cat /data/token").strip() == token
     kube.delete_pod(namespace, "app")
     delete_claim(e2e, namespace, "grow4", pv)

@@ -73,7 +73,9 @@ def snapshot_crds(control_plane: ControlPlane) -> Iterator[None]:
             for name in created:
                 extensions.delete_custom_resource_definition(name)
             for name in created:
-                _until(f"CRD {name} deleted", functools.partial(_crd_gone, extensions, name))
+                # The apiserver's CRD finalizer removes the instances first: seconds when quiet,
+                # longer on a loaded 2-core machine.
+                _until(f"CRD {name} deleted", functools.partial(_crd_gone, extensions, name), timeout=180.0)
 
 
 def _crd_gone(extensions: kubernetes.client.ApiextensionsV1Api, name: str) -> bool:
