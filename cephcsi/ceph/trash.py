@@ -71,37 +71,47 @@ def remove_partial(io: rados.Ioctx, name: str) -> None:
 
 
 @dataclass
+class _Purge:
+    """One inline removal: every call waiting on it reads its outcome from here."""
+
+    thread: threading.Thread | None = None
+    error: CephCSIError | None = None
+
+
+@dataclass
 class InlinePurges:
     """Inline trash removals still running, by image spec, so retries wait on the one
     removal instead of starting another."""
 
     budget_seconds: float = 20.0
-    _running: dict[str, threading.Thread] = field(default_factory=dict)
-    _errors: dict[str, CephCSIError] = field(default_factory=dict)
+    _running: dict[str, _Purge] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(self, session: Session, pool: str, namespace: str, image_id: str, spec: str) -> None:
         with self._lock:
-            thread = self._running.get(spec)
-            if thread is None:
+            purge = self._running.get(spec)
+            if purge is None:
+                purge = _Purge()
                 # The thread opens its own ioctx: the caller's closes when the call returns.
-                thread = threading.Thread(target=self._remove, args=(session, pool, namespace, image_id, spec),
-                                          name=f"purge-{image_id}", daemon=True)
-                self._running[spec] = thread
-                thread.start()
-        thread.join(self.budget_seconds)
-        if thread.is_alive():
+                purge.thread = threading.Thread(target=self._remove, args=(purge, session, pool, namespace, image_id, spec),
+                                                name=f"purge-{image_id}", daemon=True)
+                self._running[spec] = purge
+                purge.thread.start()
+        assert purge.thread is not None
+        purge.thread.join(self.budget_seconds)
+        if purge.thread.is_alive():
             raise Unavailable(
                 f"purging trashed image {spec} is taking longer than {self.budget_seconds:g}s (the Ceph mgr refused "
                 "the background task, so it runs in the driver); it continues in the background, retry later"
             )
         with self._lock:
-            self._running.pop(spec, None)
-            error = self._errors.pop(spec, None)
-        if error is not None:
-            raise error
+            if self._running.get(spec) is purge:
+                del self._running[spec]  # the next call for this image starts afresh
+        if purge.error is not None:
+            raise purge.error  # to every call that waited on this removal, not only the first
 
-    def _remove(self, session: Session, pool: str, namespace: str, image_id: str, spec: str) -> None:
+    @staticmethod
+    def _remove(purge: _Purge, session: Session, pool: str, namespace: str, image_id: str, spec: str) -> None:
         try:
             with session.ioctx(pool, namespace) as io, ceph_call("remove image from trash", f"image {spec!r}"):
                 try:
@@ -109,11 +119,9 @@ class InlinePurges:
                 except rbd.ImageNotFound:
                     pass
         except CephCSIError as error:
-            with self._lock:
-                self._errors[spec] = error
+            purge.error = error
         except Exception as error:  # noqa: BLE001 - reported to the waiting call, never lost in a thread
-            with self._lock:
-                self._errors[spec] = Internal(f"purging trashed image {spec} failed: {error}")
+            purge.error = Internal(f"purging trashed image {spec} failed: {error}")
 
 
 def purge(session: Session, io: rados.Ioctx, pool: str, image_id: str, inline: InlinePurges) -> None:

@@ -61,3 +61,45 @@ def test_a_failed_inline_purge_reaches_the_caller(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr("cephcsi.ceph.trash.rbd.RBD", slow)
     with pytest.raises(Internal, match="purging trashed image rbd/id2 failed"):
         InlinePurges(budget_seconds=30).run(FakeSession(), "rbd", "", "id2", "rbd/id2")  # type: ignore[arg-type]
+
+
+class CountingGets(dict[str, Any]):
+    """The purges-in-flight table, telling when both callers have looked their purge up."""
+
+    def __init__(self, wanted: int) -> None:
+        super().__init__()
+        self.wanted = wanted
+        self.looked_up = threading.Event()
+        self.gets = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.gets += 1
+        if self.gets >= self.wanted:
+            self.looked_up.set()
+        return super().get(key, default)
+
+
+def test_every_call_waiting_on_a_failed_purge_gets_its_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    slow = SlowTrash(fail=RuntimeError("boom"))
+    monkeypatch.setattr("cephcsi.ceph.trash.rbd.RBD", slow)
+    purges = InlinePurges(budget_seconds=30)
+    table = CountingGets(wanted=2)
+    purges._running = table
+    outcomes: list[BaseException | None] = []
+
+    def call() -> None:
+        try:
+            purges.run(FakeSession(), "rbd", "", "id3", "rbd/id3")  # type: ignore[arg-type]
+            outcomes.append(None)
+        except BaseException as error:  # noqa: BLE001 - what the test inspects
+            outcomes.append(error)
+
+    callers = [threading.Thread(target=call) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    assert table.looked_up.wait(30)  # both callers hold the one purge: now let it fail
+    slow.release.set()
+    for caller in callers:
+        caller.join(30)
+    assert len(outcomes) == 2 and all(isinstance(o, Internal) for o in outcomes), outcomes
+    assert slow.removed == ["id3"]
