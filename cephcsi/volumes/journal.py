@@ -54,10 +54,13 @@ class JournalKind:
     name_key_prefix: str
     record_prefix: str
     name_field: str
+    default_image_prefix: str
+    """The image name of a record without csi.imagename: ceph-csi added that key later, and its
+    older records name the image by this prefix + the uuid (its default naming)."""
 
 
-VOLUMES = JournalKind("csi.volumes.", "csi.volume.", "csi.volume.", NAME_FIELD_VOLUME)
-SNAPSHOTS = JournalKind("csi.snaps.", "csi.snap.", "csi.snap.", "csi.snapname")
+VOLUMES = JournalKind("csi.volumes.", "csi.volume.", "csi.volume.", NAME_FIELD_VOLUME, "csi-vol-")
+SNAPSHOTS = JournalKind("csi.snaps.", "csi.snap.", "csi.snap.", "csi.snapname", "csi-snap-")
 
 
 @dataclass(frozen=True)
@@ -197,7 +200,7 @@ class Journal:
         if not values or not values.get(self.kind.name_field):
             return None
         name = values.pop(self.kind.name_field, "")
-        image_name = values.pop(IMAGE_NAME, "")
+        image_name = values.pop(IMAGE_NAME, "") or f"{self.kind.default_image_prefix}{uuid}"
         image_id = values.pop(IMAGE_ID, "")
         return Record(uuid, name, image_name, image_id, tuple(sorted(values.items())))
 
