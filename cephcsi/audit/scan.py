@@ -74,8 +74,10 @@ def read_records(io: rados.Ioctx, names: list[str]) -> dict[str, RecordView]:
         if values is None:
             continue  # removed since the listing
         uuid = obj[len(VOLUMES.record_prefix):]
-        records[uuid] = RecordView(uuid, values.get(VOLUMES.name_field, ""), values.get(IMAGE_NAME, ""),
-                                   values.get(IMAGE_ID, ""))
+        name = values.get(VOLUMES.name_field, "")
+        # A ceph-csi record from before csi.imagename names its image implicitly (Journal.read).
+        image_name = values.get(IMAGE_NAME, "") or (f"{VOLUMES.default_image_prefix}{uuid}" if name else "")
+        records[uuid] = RecordView(uuid, name, image_name, values.get(IMAGE_ID, ""))
     return records
 
 

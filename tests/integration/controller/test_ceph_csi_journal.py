@@ -18,6 +18,7 @@ import rbd
 from cephcsi._generated import csi_pb2
 from cephcsi.volumes.volume_id import VolumeId
 from tests.ceph.fixtures import CephTestCluster
+from tests.integration.audit.seed import run_audit
 from tests.integration.controller.helpers import MiB, create_request, journal_entries, mount_cap
 from tests.integration.controller.pool_state import admin_ioctx, read_pool, wait_for_pool
 from tests.integration.driver import DriverProcess
@@ -63,6 +64,11 @@ def test_a_volume_journaled_by_ceph_csi_is_adopted_grown_and_deleted(
     baseline = read_pool(ceph_cluster)
     request = create_request(ceph_cluster, size=8 * MiB)
     volume_id, image = _journal_as_ceph_csi(ceph_cluster, request.name, with_image_key)
+
+    # `cephcsi audit` sees a consistent volume (other tests' debris in this pool aside).
+    _rc, doc, _ = run_audit(ceph_cluster, driver.config_file)
+    volume_uuid = volume_id[-36:]
+    assert not [f for f in doc["findings"] if volume_uuid in json.dumps(f)], doc["findings"]
 
     # The external-provisioner retries CreateVolume after the switch: the same volume comes back.
     adopted = driver.controller.CreateVolume(request, timeout=60).volume
