@@ -11,6 +11,7 @@ from typing import Any
 
 from cephcsi._generated import csi_pb2
 from cephcsi.errors import CephCSIError, NotFound
+from cephcsi.kube.handlers import EventHandler
 from cephcsi.sidecars import objects
 from cephcsi.sidecars.calls import CsiCalls
 from cephcsi.sidecars.provisioner.context import ProvisionerContext
@@ -213,3 +214,36 @@ def context(*, claims: FakeInformer | None = None, volumes: FakeInformer | None 
         request_options=RequestOptions(DRIVER, "ext4", False, True),
         pv_options=PVOptions(DRIVER, "123-4-" + DRIVER),
     )
+
+
+class FakeContents(FakeInformer):
+    """The contents informer: the cache the apiserver fake writes into, and the update events a
+    watch would deliver for those writes (what re-queues a content in the real loop)."""
+
+    def __init__(self, *items: dict[str, Any]) -> None:
+        super().__init__(*items)
+        self.handlers: list[EventHandler] = []
+        self.started = threading.Event()
+        self.stopped = False
+
+    def start(self) -> None:
+        self.started.set()
+
+    def wait_for_sync(self, timeout: float) -> bool:
+        return self.started.wait(timeout)
+
+    def add_handler(self, handler: EventHandler) -> EventHandler:
+        self.handlers.append(handler)
+        for item in list(self.items.values()):
+            if handler.on_add is not None:
+                handler.on_add(item)
+        return handler
+
+    def remove_handler(self, registration: EventHandler) -> None:
+        self.handlers.remove(registration)
+
+    def changed(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        self.put(new)
+        for handler in list(self.handlers):
+            if handler.on_update is not None:
+                handler.on_update(old, new)

@@ -12,12 +12,11 @@ import pytest
 
 from cephcsi import errors
 from cephcsi._generated import csi_pb2
-from cephcsi.kube.handlers import EventHandler
 from cephcsi.kube.ratelimit import ItemBackoffSettings
 from cephcsi.sidecars.calls import CsiCalls
 from cephcsi.sidecars.snapshotter import content as c
 from cephcsi.sidecars.snapshotter.controller import SnapshotterLoop
-from tests.unit.sidecars.fixtures import DRIVER, FAKE_KEY, FakeApi, FakeEvents, FakeInformer
+from tests.unit.sidecars.fixtures import DRIVER, FAKE_KEY, FakeApi, FakeContents, FakeEvents
 
 pytestmark = pytest.mark.unit
 
@@ -50,39 +49,6 @@ def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
             merge(target[key], value)
         else:
             target[key] = copy.deepcopy(value)
-
-
-class FakeContents(FakeInformer):
-    """The contents informer: the cache the apiserver fake writes into, and the update events a
-    watch would deliver for those writes (what re-queues a content in the real loop)."""
-
-    def __init__(self, *items: dict[str, Any]) -> None:
-        super().__init__(*items)
-        self.handlers: list[EventHandler] = []
-        self.started = threading.Event()
-        self.stopped = False
-
-    def start(self) -> None:
-        self.started.set()
-
-    def wait_for_sync(self, timeout: float) -> bool:
-        return self.started.wait(timeout)
-
-    def add_handler(self, handler: EventHandler) -> EventHandler:
-        self.handlers.append(handler)
-        for item in list(self.items.values()):
-            if handler.on_add is not None:
-                handler.on_add(item)
-        return handler
-
-    def remove_handler(self, registration: EventHandler) -> None:
-        self.handlers.remove(registration)
-
-    def changed(self, old: dict[str, Any], new: dict[str, Any]) -> None:
-        self.put(new)
-        for handler in list(self.handlers):
-            if handler.on_update is not None:
-                handler.on_update(old, new)
 
 
 class FakeSnapshotApi:

@@ -14,6 +14,7 @@ from cephcsi.kube.ratelimit import ItemBackoffSettings
 from cephcsi.sidecars.provisioner import claims, datasource
 from cephcsi.sidecars.snapshotter import content as c
 from cephcsi.sidecars.snapshotter.controller import SnapshotterLoop
+from tests.unit.sidecars.fixtures import FakeContents
 
 pytestmark = pytest.mark.unit
 
@@ -73,26 +74,6 @@ def test_claim_data_sources(source: dict[str, str], supported: bool) -> None:
     assert (decision.action is claims.Action.PROVISION) == supported, decision.reason
 
 
-class _Contents:
-    """Stands in for the VolumeSnapshotContents informer."""
-
-    def __init__(self) -> None:
-        self.started = threading.Event()
-        self.stopped = False
-
-    def start(self) -> None:
-        self.started.set()
-
-    def wait_for_sync(self, timeout: float) -> bool:
-        return self.started.wait(timeout)
-
-    def add_handler(self, handler: Any) -> object:
-        return object()
-
-    def remove_handler(self, registration: object) -> None:
-        pass
-
-
 class _Discovery:
     def __init__(self) -> None:
         self.installed = False
@@ -104,7 +85,7 @@ class _Discovery:
 
 
 def test_snapshotter_idles_without_the_crds_and_starts_when_they_appear(caplog: pytest.LogCaptureFixture) -> None:
-    contents, discovery = _Contents(), _Discovery()
+    contents, discovery = FakeContents(), _Discovery()
     ctx = c.SnapshotterContext(driver_name="rbd.csi.ceph.com", contents=contents, snapshots=discovery,  # type: ignore[arg-type]
                                api=None, events=None, controller=None, calls=None)  # type: ignore[arg-type]
     loop = SnapshotterLoop(ctx, workers=1, backoff=ItemBackoffSettings(0.01, 0.1), discovery_interval=0.05)
