@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 import threading
 from dataclasses import dataclass, field
 
@@ -19,7 +20,7 @@ import rbd
 
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
-from cephcsi.ceph.imagestate import ImageState, TrashState
+from cephcsi.ceph.imagestate import TRASH, ImageState, TrashState
 from cephcsi.errors import CephCSIError, FailedPrecondition, Internal, Unavailable
 from cephcsi.observability.logging import fields
 
@@ -53,11 +54,38 @@ def require_unused(io: rados.Ioctx, name: str, image_id: str = "") -> None:
 
 def move(io: rados.Ioctx, state: ImageState) -> None:
     """Bring the image to a NORMAL (or REMOVING) trash entry: move it, or finish an
-    interrupted move. librbd resumes a MOVING entry when asked to move the same name again."""
+    interrupted move. librbd resumes a MOVING entry when asked to move the same name again,
+    except one case handled here (see `_finish_parent_move`)."""
     if state.trash is not None and state.trash.state is not TrashState.MOVING:
+        return
+    if state.trash is not None and state.trash.awaits_children and not state.directory:
+        _finish_parent_move(io, state)
         return
     with ceph_call("move image to trash", f"image {state.name!r}"):
         rbd.RBD().trash_move(io, state.name, 0)
+
+
+def _finish_parent_move(io: rados.Ioctx, state: ImageState) -> None:
+    """Complete a parent's move to the trash that `RBD.remove` began and a SIGKILL cut short
+    after the image left the directory.
+
+    librbd's move writes the trash entry (MOVING), removes the id object, then the directory
+    entry, and only then flips the entry to NORMAL. Asked to move a name that is no longer in
+    the directory, it looks for a MOVING entry of source USER only, so a parent's entry (source
+    USER_PARENT) can be resumed by neither `trash_move` nor `remove` (both answer ENOENT, checked
+    against Ceph 16). The flip is all that is left, and no binding exposes it: this sends
+    cls_rbd's `trash_state_set` (id, new state, expected state) itself. Until the entry is NORMAL
+    librbd will not purge the parent after its last child, and the mgr will not remove it."""
+    inbl = _encode_string(state.image_id) + bytes((TrashState.NORMAL.value, TrashState.MOVING.value))
+    log.warning("finishing an interrupted move of a clone parent to the trash",
+                extra=fields(image=state.name, image_id=state.image_id))
+    with ceph_call("finish the move of a clone parent to the trash", f"image {state.name!r}"):
+        io.execute(TRASH, "rbd", "trash_state_set", inbl)
+
+
+def _encode_string(value: str) -> bytes:
+    raw = value.encode()
+    return struct.pack("<I", len(raw)) + raw
 
 
 def remove_partial(io: rados.Ioctx, name: str) -> None:

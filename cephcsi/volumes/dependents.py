@@ -107,6 +107,17 @@ def defer_if_parent(io: rados.Ioctx, state: ImageState, snaps: list[layering.Sna
 
 def purged_by_librbd(io: rados.Ioctx, image_id: str) -> bool:
     """The trashed image waits for its clones and librbd removes it after them: queueing a mgr
-    purge would only fail and retry every few minutes meanwhile."""
+    purge would only fail and retry every few minutes meanwhile.
+
+    Unless no clone is left: librbd purges a parent only when its last child leaves while the
+    parent's entry is NORMAL, so a parent whose move a crash interrupted (finished by this
+    retry) may have lost its last child in between, and nobody else would ever remove it."""
     entry = imagestate.trash_entry(io, image_id) if image_id else None
-    return entry is not None and entry.awaits_children
+    if entry is None or not entry.awaits_children:
+        return False
+    with ceph_call("list snapshots of a trashed clone parent", f"image id {image_id!r}"):
+        try:
+            with rbd.Image(io, image_id=image_id, read_only=True) as image:
+                return bool(layering.list_snaps(image))
+        except rbd.ImageNotFound:
+            return True  # librbd purged it meanwhile

@@ -7,11 +7,14 @@ flight: in librbd, in journal writes, in lease renewals) and restarts it.
 """
 from __future__ import annotations
 
+import os
 import random
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import pytest
@@ -31,13 +34,17 @@ ALSO_RETRIED = (grpc.StatusCode.FAILED_PRECONDITION,)
 
 
 @pytest.fixture
-def killable(config_file: str) -> Iterator[DriverProcess]:
-    """A controller with a short journal lease: a killed holder's lease lapses in 2 s."""
+def killable(config_file: str, tmp_path: Path) -> Iterator[DriverProcess]:
+    """A controller with a short journal lease: a killed holder's lease lapses in 2 s. Its log
+    (every incarnation) is kept in the test's tmp_path: a random failure is read from it."""
     process = DriverProcess(config_file, mode="controller", args=["--journal-lock-timeout=2s"])
     process.start()
     try:
         yield process
     finally:
+        process.stop()
+        if os.path.exists(process.log_path):
+            shutil.copy(process.log_path, tmp_path / "driver.log")
         process.cleanup()
 
 

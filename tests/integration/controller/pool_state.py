@@ -16,6 +16,9 @@ from cephcsi.ceph import imagestate, omap
 from tests.ceph.fixtures import CephTestCluster
 
 
+PER_IMAGE_PREFIXES = ("csi.", "rbd_id.", "rbd_header.", "rbd_data.", "rbd_object_map.")
+
+
 @dataclass(frozen=True)
 class PoolState:
     directory: frozenset[str]
@@ -23,7 +26,8 @@ class PoolState:
     trash: frozenset[tuple[str, str]]
     """(name, state) of every trash entry."""
     objects: frozenset[str]
-    """Journal records and librbd's per-image objects (rbd_id.*, rbd_header.*)."""
+    """Journal records and librbd's per-image objects (rbd_id.*, rbd_header.*, and the data and
+    object-map objects, so a purge that left data behind is caught too)."""
     journal_names: frozenset[str]
     """Keys of the journal directories (the directory objects themselves persist, empty)."""
 
@@ -43,7 +47,7 @@ def read_pool(cluster: CephTestCluster) -> PoolState:
     with admin_ioctx(cluster) as io:
         names = imagestate.directory_names(io)
         trash = imagestate.trash_entries(io)
-        objects = [o.key for o in io.list_objects() if o.key.startswith(("csi.", "rbd_id.", "rbd_header."))]
+        objects = [o.key for o in io.list_objects() if o.key.startswith(PER_IMAGE_PREFIXES)]
         directories = [o for o in objects if o.startswith(("csi.volumes.", "csi.snaps."))]
         keys = [f"{d}/{k}" for d in directories for k in omap.read_raw(io, d) or {}]
     return PoolState(

@@ -4,9 +4,14 @@ The failpoint tests kill the driver between its own steps; here it is killed at 
 instants while 100 creates, then 100 deletes, run 16 at a time, so kills land inside librbd
 calls, subprocesses of the gRPC stack, lock renewals, anywhere. Every call is retried until
 it succeeds, as a provisioner does. Afterwards the pool must be exactly as before: no image,
-no directory entry, no trash entry (once the mgr purged), no journal key or record.
+no directory entry, no trash entry (once the mgr purged), no journal key or record, no data
+object. A second test mixes the kinds of call in one phase, as a busy cluster does: creates
+of new names, deletes of older volumes, and the same create or delete sent twice at once (a
+provisioner's retry racing its first attempt).
 """
 from __future__ import annotations
+
+import random
 
 import pytest
 
@@ -56,3 +61,40 @@ def test_random_sigkills_during_creates_and_deletes_leave_the_pool_as_it_was(
     # The mgr purges the trash one image at a time, and waits out watches of killed clients.
     after = wait_for_pool(ceph_cluster, baseline, timeout=150)
     assert after == baseline, f"left behind after kills at {create_kills} / {delete_kills}"
+
+
+MIXED = 40
+DUPLICATES = 15
+
+
+def test_random_sigkills_while_creates_deletes_and_duplicate_calls_run_mixed(
+    killable: DriverProcess, ceph_cluster: CephTestCluster
+) -> None:
+    baseline = read_pool(ceph_cluster)
+    older = [killable.controller.CreateVolume(create_request(ceph_cluster), timeout=60).volume.volume_id
+             for _ in range(MIXED)]
+    creates = [create_request(ceph_cluster) for _ in range(MIXED)]
+    deletes = [csi_pb2.DeleteVolumeRequest(volume_id=vid, secrets=ceph_cluster.secrets) for vid in older]
+    calls: list[tuple[str, Call]] = [(r.name, _create(r)) for r in creates]
+    calls += [(r.name, _create(r)) for r in random.sample(creates, DUPLICATES)]
+    calls += [("", _delete(d)) for d in deletes + random.sample(deletes, DUPLICATES)]
+    random.shuffle(calls)
+
+    results, kills = run_phase(killable, [call for _, call in calls], KILLS_PER_PHASE)
+    assert len(kills) == KILLS_PER_PHASE, f"kills during the mixed phase: {kills}"
+    ids_by_name: dict[str, set[str]] = {}
+    for (name, _), result in zip(calls, results):
+        if name:
+            ids_by_name.setdefault(name, set()).add(result.volume.volume_id)  # type: ignore[attr-defined]
+    assert all(len(ids) == 1 for ids in ids_by_name.values()), f"a name answered with two volumes: {ids_by_name}"
+    volume_ids = [ids.pop() for ids in ids_by_name.values()]
+    during = read_pool(ceph_cluster)
+    images = {name for name in during.directory if name.startswith("csi-vol-") and name not in baseline.directory}
+    assert images == {f"csi-vol-{vid[-36:]}" for vid in volume_ids}, (
+        f"exactly the new names' images, none of the deleted ones, none extra (kills at {kills})")
+
+    for vid in volume_ids:
+        killable.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=vid, secrets=ceph_cluster.secrets),
+                                         timeout=60)
+    after = wait_for_pool(ceph_cluster, baseline, timeout=150)
+    assert after == baseline, f"left behind after kills at {kills}"
