@@ -45,8 +45,35 @@ def _pv_block(snap: Snapshot, uuid: str, image_name: str) -> str:
     return f"PersistentVolume {', '.join(names)} names it" if names else ""
 
 
-def journal_findings(snap: Snapshot) -> list[Finding]:
+SPLIT = ("a ceph-csi volume journaled in another pool than its image (topologyConstrainedPools): "
+         "never repaired automatically; inspect both pools")
+
+
+def _split_findings(snap: Snapshot) -> list[Finding]:
+    """Name keys pointing into another pool: consistent unless their record or image is gone.
+    Report only: a repair would have to lock and change two pools."""
     found: list[Finding] = []
+    for name, key in sorted(snap.remote_keys.items()):
+        if not key.image_pool:
+            found.append(Finding(Kind.DANGLING_KEY, name, f"name key points at volume {key.uuid} in a pool that "
+                                 "no longer exists", uuid=key.uuid, name=name, why_not=SPLIT))
+        elif not key.record_pool:
+            found.append(Finding(Kind.DANGLING_KEY, name, f"name key points at volume {key.uuid} in pool "
+                                 f"{key.image_pool!r}, but no journal record names it", uuid=key.uuid, name=name,
+                                 why_not=SPLIT))
+        elif key.image_state == "gone":
+            found.append(Finding(Kind.DANGLING_RECORD, name, f"journal record {key.uuid} (in pool "
+                                 f"{key.record_pool!r}) names image {key.image_name!r} in pool {key.image_pool!r}, "
+                                 "which is gone", uuid=key.uuid, name=name, image_name=key.image_name,
+                                 why_not=SPLIT))
+    for name, value in sorted(snap.malformed_keys.items()):
+        found.append(Finding(Kind.DANGLING_KEY, name, f"name key holds {value!r}, neither a uuid nor "
+                             "<pool id>/<uuid>", name=name, why_not="not a value cephcsi or ceph-csi writes"))
+    return found
+
+
+def journal_findings(snap: Snapshot) -> list[Finding]:
+    found: list[Finding] = _split_findings(snap)
     for name, uuid in sorted(snap.name_keys.items()):
         record = snap.records.get(uuid)
         if record is None or not record.name:
@@ -59,10 +86,19 @@ def journal_findings(snap: Snapshot) -> list[Finding]:
                                  why_not="the journal cannot say which is right; inspect both names"))
         else:
             found.extend(_dangling_record(snap, record))
-    referenced = set(snap.name_keys.values()) | snap.foreign_uuids
+    for uuid in sorted(snap.split_named):
+        # A record here whose name key is in the pool its csi.journalpool names: judged by its
+        # image (here), and only reported.
+        found.extend(replace(f, fix=None, why_not=SPLIT) for f in _dangling_record(snap, snap.records[uuid]))
+    referenced = set(snap.name_keys.values()) | snap.foreign_uuids | snap.split_named | set(snap.split_records) | \
+        {key.uuid for key in snap.remote_keys.values() if key.record_pool}
     for uuid, record in sorted(snap.records.items()):
         if uuid not in referenced:
-            found.append(_orphan_record(snap, record))
+            finding = _orphan_record(snap, record)
+            if record.journal_pool:
+                # ceph-csi's topology records: their image may be in a pool this one does not say.
+                finding = replace(finding, fix=None, why_not=SPLIT)
+            found.append(finding)
     return found
 
 
@@ -96,7 +132,8 @@ def _orphan_record(snap: Snapshot, record: RecordView) -> Finding:
 
 
 def _claimed_images(snap: Snapshot) -> set[str]:
-    return {r.image_name for r in snap.records.values() if r.name and r.image_name}
+    records = [*snap.records.values(), *snap.split_records.values()]
+    return {r.image_name for r in records if r.name and r.image_name}
 
 
 def image_findings(snap: Snapshot) -> list[Finding]:
@@ -181,8 +218,12 @@ def _trash_finding(snap: Snapshot, entry: TrashView, uuid: str) -> Finding | Non
                        Fix.PURGE)
     if entry.deferred_until > snap.now:
         return None  # deferred on purpose (e.g. an orphan moved by --repair-orphan-images)
-    if entry.awaits_children:
+    if entry.awaits_children and entry.children_left:
         return None  # a deleted parent: librbd purges it once its last clone is gone
+    if entry.awaits_children and task is None:
+        # librbd purges a parent only as its last clone leaves; this one missed that moment.
+        return finding(Kind.TRASH_UNQUEUED, "is a deleted clone parent whose clones are all gone, and nothing will "
+                       "purge it", Fix.PURGE)
     if task and task.attempts:
         return replace(finding(Kind.TRASH_UNPURGEABLE, f"is in the trash{failing}", None),
                        why_not="the mgr keeps retrying; fix the cause it reports")
@@ -199,7 +240,7 @@ def pv_findings(snap: Snapshot) -> list[Finding]:
     for pv in snap.pvs:
         if not pv.uuid:
             continue  # a static PV: its image is named by imageName and only protects it
-        record = snap.records.get(pv.uuid)
+        record = snap.record(pv.uuid)
         if record is None or not record.name:
             found.append(Finding(Kind.PV_IMAGE_GONE, pv.name, f"names volume {pv.uuid}, which the journal "
                                  "does not know", uuid=pv.uuid, why_not="a PV is never repaired"))

@@ -60,6 +60,24 @@ class RecordView:
     name: str
     image_name: str = ""
     image_id: str = ""
+    journal_pool: str = ""
+    """ceph-csi's csi.journalpool (16 hex digits): the pool of the name key, when not this one."""
+
+
+@dataclass(frozen=True)
+class RemoteKeyView:
+    """A name key here whose value is ceph-csi's `<pool id>/<uuid>`: the volume's image (and its
+    volume id) is in another pool (cephcsi.volumes.split_journal), as resolved by the scan."""
+
+    name: str
+    uuid: str
+    image_pool: str
+    """'' when no pool has the id any more."""
+    record_pool: str = ""
+    """Where a record naming `name` and this pool as its journal pool was found; '' if nowhere."""
+    image_name: str = ""
+    image_state: str = ""
+    """'live', 'trash', 'gone' or 'other' (a header without a name: see the image pool's audit)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +89,10 @@ class TrashView:
     """Epoch seconds before which librbd refuses a plain purge (`rbd trash mv --expires-at`)."""
     awaits_children: bool = False
     """A parent deleted while clones read through it: librbd purges it after them."""
+    children_left: bool = True
+    """For a parent (`awaits_children`): it still has snapshots, so clones still read through it.
+    False: its clones are gone and librbd did not purge it (its last clone left while a crash
+    had the parent's move unfinished, or a purge of that clone was cut short)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +126,15 @@ class Snapshot:
     """Our journal directory: request name → uuid."""
     foreign_uuids: frozenset[str] = frozenset()
     """uuids that other driver instances' directories (same pool) point at: not ours to judge."""
+    remote_keys: Mapping[str, RemoteKeyView] = field(default_factory=dict)
+    """Our name keys that point into another pool (ceph-csi topology volumes), by request name."""
+    malformed_keys: Mapping[str, str] = field(default_factory=dict)
+    """Our name keys whose value is neither a uuid nor `<pool id>/<uuid>`: request name → value."""
+    split_records: Mapping[str, RecordView] = field(default_factory=dict)
+    """Volumes whose image is in this pool but whose name key and record ceph-csi wrote to
+    another pool: uuid → that record (this pool holds an empty object for them)."""
+    split_named: frozenset[str] = frozenset()
+    """uuids of records here that carry csi.journalpool and that the named pool's key points at."""
     records: Mapping[str, RecordView] = field(default_factory=dict)
     directory: Mapping[str, str] = field(default_factory=dict)
     """rbd_directory: image name → image id."""
@@ -126,6 +157,14 @@ class Snapshot:
             return ""
         rest = image_name[len(self.prefix):]
         return rest if _UUID.match(rest) else ""
+
+    def record(self, uuid: str) -> RecordView | None:
+        """The named record of a volume whose image is in this pool: here, or in the pool
+        ceph-csi journaled it in (`split_records`)."""
+        here = self.records.get(uuid)
+        if here is not None and here.name:
+            return here
+        return self.split_records.get(uuid, here)
 
     def pvs_naming(self, uuid: str, image_name: str) -> tuple[str, ...]:
         """Names of the PVs that point at this volume (by handle or imageName attribute)."""

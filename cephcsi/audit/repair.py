@@ -30,6 +30,7 @@ from cephcsi.ceph.errors import ceph_call
 from cephcsi.ceph.imagestate import ImageState, TrashState
 from cephcsi.errors import CephCSIError, OperationInFlight
 from cephcsi.observability.logging import fields
+from cephcsi.volumes import dependents
 from cephcsi.volumes.journal import VOLUMES, Journal
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,8 @@ def _take_out(ctx: RepairContext, state: ImageState) -> str:
         if state.id_object:
             trash.require_unused(ctx.io, state.name)
         trash.move(ctx.io, state)
+    if dependents.purged_by_librbd(ctx.io, state.image_id):
+        return "finished the move of a clone parent to the trash; librbd purges it after its clones"
     trash.purge(ctx.session, ctx.io, ctx.pool, state.image_id, ctx.inline)
     return "finished the trash move and queued the purge" if state.trash.state is TrashState.MOVING \
         else "queued the trash purge"

@@ -10,23 +10,28 @@ from __future__ import annotations
 import json
 import logging
 import struct
+import re
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import rados
 
-from cephcsi.audit.model import ImageOwner, PurgeTask, PVView, RecordView, Snapshot, TrashView
+from cephcsi.audit.model import ImageOwner, PurgeTask, PVView, RecordView, RemoteKeyView, Snapshot, TrashView
 from cephcsi.ceph import image_metadata, imagestate, omap
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import CephCSIError, Internal
 from cephcsi.observability.logging import fields
+from cephcsi.volumes import dependents, split_journal
 from cephcsi.volumes.journal import IMAGE_ID, IMAGE_NAME, VOLUMES
+from cephcsi.volumes.split_journal import JOURNAL_POOL, NameValue, encode_pool_id, parse_name_value, parse_pool_id
 
 log = logging.getLogger(__name__)
 
 ID_PREFIX = "rbd_id."
 HEADER_PREFIX = "rbd_header."
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 def decode_deferment(raw: bytes) -> float:
@@ -45,23 +50,117 @@ def list_object_names(io: rados.Ioctx) -> list[str]:
         return [obj.key for obj in io.list_objects()]
 
 
-def read_journal(io: rados.Ioctx, names: list[str], instance_id: str) -> tuple[dict[str, str], frozenset[str]]:
-    """(our name keys: request name → uuid, uuids named by other instances' directories)."""
+@dataclass(frozen=True)
+class JournalKeys:
+    plain: dict[str, str]
+    """Our name keys whose volume is in this pool: request name → uuid."""
+    foreign: frozenset[str]
+    """uuids named by other instances' directories."""
+    remote: dict[str, NameValue]
+    """Our name keys pointing into another pool (ceph-csi's `<pool id>/<uuid>`)."""
+    malformed: dict[str, str]
+
+
+def read_journal(io: rados.Ioctx, names: list[str], instance_id: str) -> JournalKeys:
     ours = f"{VOLUMES.directory_prefix}{instance_id}"
+    own_id = io.get_pool_id()
     keys: dict[str, str] = {}
+    remote: dict[str, NameValue] = {}
+    malformed: dict[str, str] = {}
     foreign: set[str] = set()
     for obj in names:
         if not obj.startswith(VOLUMES.directory_prefix):
             continue
         values = omap.read(io, obj) or {}
-        for key, uuid in values.items():
+        for key, raw in values.items():
             if not key.startswith(VOLUMES.name_key_prefix):
                 continue
-            if obj == ours:
-                keys[key[len(VOLUMES.name_key_prefix):]] = uuid
+            name = key[len(VOLUMES.name_key_prefix):]
+            try:
+                value = parse_name_value(raw, f"{obj}/{key}")
+            except CephCSIError:
+                if obj == ours:
+                    malformed[name] = raw
+                continue
+            if obj != ours:
+                foreign.add(value.uuid)
+            elif value.elsewhere(own_id):
+                remote[name] = value
             else:
-                foreign.add(uuid)
-    return keys, frozenset(foreign)
+                keys[name] = value.uuid
+    return JournalKeys(keys, frozenset(foreign), remote, malformed)
+
+
+def _image_state(io: rados.Ioctx, name: str, image_id: str) -> str:
+    state = imagestate.inspect(io, name, image_id)
+    if state.live:
+        return "live"
+    if state.trash is not None:
+        return "trash"
+    return "gone" if state.gone else "other"
+
+
+def resolve_remote_keys(session: Session, io: rados.Ioctx, remote: dict[str, NameValue],
+                        records: dict[str, RecordView]) -> dict[str, RemoteKeyView]:
+    """Follow each `<pool id>/<uuid>` key to its record (here, where ceph-csi's code writes it,
+    or in the image pool, where its comments put it) and to its image. Read-only."""
+    own_hex = encode_pool_id(io.get_pool_id())
+    resolved: dict[str, RemoteKeyView] = {}
+    for name, value in sorted(remote.items()):
+        assert value.image_pool_id is not None
+        image_pool = session.pool_name(value.image_pool_id) or ""
+        if not image_pool:
+            resolved[name] = RemoteKeyView(name, value.uuid, "")
+            continue
+        record: RecordView | None = records.get(value.uuid)
+        record_pool = session.pool_name(io.get_pool_id()) or ""
+        with session.ioctx(image_pool, io.get_namespace()) as image_io:
+            if record is None or record.name != name or record.journal_pool != own_hex:
+                values = omap.read(image_io, f"{VOLUMES.record_prefix}{value.uuid}") or {}
+                record = _record_view(value.uuid, values)
+                record_pool = image_pool
+            if record.name != name or record.journal_pool != own_hex:
+                resolved[name] = RemoteKeyView(name, value.uuid, image_pool)
+                continue
+            resolved[name] = RemoteKeyView(name, value.uuid, image_pool, record_pool, record.image_name,
+                                           _image_state(image_io, record.image_name, record.image_id))
+    return resolved
+
+
+def read_split(session: Session, io: rados.Ioctx, pool: str, instance_id: str, records: dict[str, RecordView],
+               image_uuids: Iterable[str]) -> tuple[dict[str, RecordView], frozenset[str]]:
+    """(records ceph-csi wrote to another pool for images of this pool, uuids of records here
+    whose csi.journalpool names a pool whose key points back at them). Read-only."""
+    own_id = io.get_pool_id()
+    named: set[str] = set()
+    for uuid, record in records.items():
+        if not record.name or not record.journal_pool:
+            continue
+        try:
+            journal_id = parse_pool_id(record.journal_pool, f"csi.volume.{uuid}")
+        except CephCSIError:
+            continue
+        journal_pool = session.pool_name(journal_id) if journal_id != own_id else None
+        if journal_pool is None:
+            continue
+        key = f"{VOLUMES.name_key_prefix}{record.name}"
+        with session.ioctx(journal_pool, io.get_namespace()) as journal_io:
+            value = (omap.read(journal_io, f"{VOLUMES.directory_prefix}{instance_id}", (key,)) or {}).get(key)
+        if value == NameValue(uuid, own_id).encode():
+            named.add(uuid)
+    candidates = {uuid for uuid, record in records.items() if not record.name} | set(image_uuids)
+    found: dict[str, RecordView] = {}
+    for uuid in sorted(candidates):
+        try:
+            split = split_journal.locate(session, io, pool, VOLUMES, uuid)
+        except CephCSIError as error:
+            # Judged as if nothing were found elsewhere; the findings' own rules still hold.
+            log.warning("cannot follow a journal entry into other pools", extra=fields(uuid=uuid, error=str(error)))
+            continue
+        if split is not None and split.record_in_journal_pool:
+            found[uuid] = RecordView(uuid, split.record.name, split.record.image_name, split.record.image_id,
+                                     split.record.get(JOURNAL_POOL))
+    return found, frozenset(named)
 
 
 def read_records(io: rados.Ioctx, names: list[str]) -> dict[str, RecordView]:
@@ -74,11 +173,15 @@ def read_records(io: rados.Ioctx, names: list[str]) -> dict[str, RecordView]:
         if values is None:
             continue  # removed since the listing
         uuid = obj[len(VOLUMES.record_prefix):]
-        name = values.get(VOLUMES.name_field, "")
-        # A ceph-csi record from before csi.imagename names its image implicitly (Journal.read).
-        image_name = values.get(IMAGE_NAME, "") or (f"{VOLUMES.default_image_prefix}{uuid}" if name else "")
-        records[uuid] = RecordView(uuid, name, image_name, values.get(IMAGE_ID, ""))
+        records[uuid] = _record_view(uuid, values)
     return records
+
+
+def _record_view(uuid: str, values: dict[str, str]) -> RecordView:
+    name = values.get(VOLUMES.name_field, "")
+    # A ceph-csi record from before csi.imagename names its image implicitly (Journal.read).
+    image_name = values.get(IMAGE_NAME, "") or (f"{VOLUMES.default_image_prefix}{uuid}" if name else "")
+    return RecordView(uuid, name, image_name, values.get(IMAGE_ID, ""), values.get(JOURNAL_POOL, ""))
 
 
 def read_id_objects(io: rados.Ioctx, names: list[str], directory: dict[str, str]) -> dict[str, str]:
@@ -101,7 +204,9 @@ def read_trash(io: rados.Ioctx) -> tuple[TrashView, ...]:
     for key, raw in sorted(values.items()):
         if key.startswith("id_"):
             entry = imagestate.decode_trash_entry(key[3:], raw)
-            entries.append(TrashView(entry.image_id, entry.name, entry.state, decode_deferment(raw), entry.awaits_children))
+            children_left = not entry.awaits_children or dependents.purged_by_librbd(io, entry.image_id)
+            entries.append(TrashView(entry.image_id, entry.name, entry.state, decode_deferment(raw), entry.awaits_children,
+                                     children_left))
     return tuple(entries)
 
 
@@ -126,8 +231,14 @@ def read_tasks(session: Session, pool: str, namespace: str, timeout: float) -> d
 def read_snapshot(session: Session, io: rados.Ioctx, pool: str, instance_id: str, prefix: str,
                   pvs: tuple[PVView, ...] | None, mgr_timeout: float = 30.0) -> Snapshot:
     names = list_object_names(io)
-    name_keys, foreign = read_journal(io, names, instance_id)
+    keys = read_journal(io, names, instance_id)
+    records = read_records(io, names)
     directory = imagestate.directory_names(io)
+    # Images named like ours that no record here names: maybe ceph-csi journaled them elsewhere.
+    claimed = {r.image_name for r in records.values() if r.name}
+    unclaimed = [name[len(prefix):] for name in directory
+                 if name.startswith(prefix) and name not in claimed and _UUID.match(name[len(prefix):])]
+    split_records, split_named = read_split(session, io, pool, instance_id, records, unclaimed)
     notes: list[str] = []
     try:
         tasks: dict[str, PurgeTask] | None = read_tasks(session, pool, io.get_namespace(), mgr_timeout)
@@ -138,9 +249,13 @@ def read_snapshot(session: Session, io: rados.Ioctx, pool: str, instance_id: str
         tasks = None
     return Snapshot(
         prefix=prefix,
-        name_keys=name_keys,
-        foreign_uuids=foreign,
-        records=read_records(io, names),
+        name_keys=keys.plain,
+        foreign_uuids=keys.foreign,
+        remote_keys=resolve_remote_keys(session, io, keys.remote, records),
+        malformed_keys=keys.malformed,
+        split_records=split_records,
+        split_named=split_named,
+        records=records,
         directory=directory,
         id_objects=read_id_objects(io, names, directory),
         headers=frozenset(obj[len(HEADER_PREFIX):] for obj in names if obj.startswith(HEADER_PREFIX)),

@@ -95,10 +95,12 @@ def expand(volumes: VolumeManager, request: ExpandRequest) -> Expanded:
         with session.ioctx(pool) as io:
             journal = Journal(io, volumes.instance_id, VOLUMES, lock_seconds=volumes.journal_lock_seconds)
             uuid = volume_id.object_uuid
-            if journal.read(uuid) is None:
+            # The record may be in another pool (a volume ceph-csi journaled apart from its
+            # image, cephcsi.volumes.split_journal); the lock is always on this pool's object.
+            if volumes.read_record(session, io, pool, uuid) is None:
                 raise NotFound(f"volume {request.volume_id!r} does not exist")
             with journal.locked(uuid):
-                record = journal.read(uuid)
+                record = volumes.read_record(session, io, pool, uuid)
                 if record is None:
                     # Deleted between our read and the lease: the lease re-created an empty
                     # record object, which nothing points at.

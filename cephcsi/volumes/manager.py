@@ -13,17 +13,18 @@ from dataclasses import dataclass, field
 
 import rados
 
-from cephcsi.ceph import image_metadata, images, imagestate, trash
+from cephcsi.ceph import image_metadata, images, imagestate, omap, trash
 from cephcsi.ceph.connection import ConnectionCache, Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.config.clusters import ClusterRegistry
-from cephcsi.errors import AlreadyExists, Internal, NotFound, OperationInFlight
+from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal, NotFound, OperationInFlight
 from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
-from cephcsi.volumes import clones, dependents, failpoints
+from cephcsi.volumes import clones, dependents, failpoints, split_journal
 from cephcsi.volumes.capacity import fits
 from cephcsi.volumes.journal import VOLUMES, Claim, Hold, Journal, Record
 from cephcsi.volumes.parameters import VolumeParameters
+from cephcsi.volumes.split_journal import JOURNAL_POOL, SplitVolume, parse_name_value
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,12 @@ class VolumeManager:
                     proposed = VolumeId.new_uuid()
                     uuid = journal.reserve(request.name, proposed)
                     fresh = uuid == proposed
+                    if not fresh:
+                        value = parse_name_value(uuid, f"name key of {request.name!r} in pool {params.pool!r}")
+                        if value.elsewhere(io.get_pool_id()):
+                            # ceph-csi made this volume in a topology-constrained pool: adopt it
+                            # there, never as a uuid of this pool (its record is not here).
+                            return self._adopt_split(session, io, request, uuid, value)
                     failpoints.reach("create.after-reserve")
                     claim = Claim(request.name, f"{params.name_prefix}{uuid}", clones.record_values(request.source))
                     # A uuid this call just reserved has no record yet: the hold writes it.
@@ -128,6 +135,58 @@ class VolumeManager:
                             context=params.volume_context(record.image_name, cluster.rados_namespace),
                         )
                 raise OperationInFlight(f"volume {request.name!r} is being deleted concurrently; retry")
+
+    def _adopt_split(self, session: Session, io: rados.Ioctx, request: CreateRequest, raw: str,
+                     value: split_journal.NameValue) -> Volume:
+        """A retried CreateVolume of a volume ceph-csi journaled here but created in another pool
+        (split_journal). Nothing is created: the volume exists or the call fails, naming why."""
+        params = request.parameters
+        assert value.image_pool_id is not None
+        image_pool = session.pool_name(value.image_pool_id)
+        if image_pool is None:
+            raise FailedPrecondition(
+                f"volume {request.name!r} was created by ceph-csi in pool id {value.image_pool_id}, which no longer "
+                f"exists; its name key in pool {params.pool!r} is stale: run `cephcsi audit` and remove it by hand"
+            )
+        with session.ioctx(image_pool) as image_io:
+            journal = self._journal(image_io)
+            uuid = value.uuid
+            # The same lock DeleteVolume takes (on the record object in the volume id's pool):
+            # an adoption never answers for a volume a delete is taking apart.
+            with journal.locked(uuid):
+                if self._journal(io).lookup(request.name) != raw:
+                    raise OperationInFlight(f"volume {request.name!r} changed while it was being adopted; retry")
+                split = split_journal.locate(session, image_io, image_pool, VOLUMES, uuid, journal_pool=params.pool)
+                if split is None:
+                    if journal.read(uuid) is None and omap.read(image_io, f"{VOLUMES.record_prefix}{uuid}") == {}:
+                        journal.discard_orphan(uuid)  # our lock made it; nothing else is in it
+                    raise FailedPrecondition(
+                        f"volume {request.name!r}: its name key in pool {params.pool!r} points at {raw!r}, but neither "
+                        f"pool {params.pool!r} nor {image_pool!r} holds its journal record; run `cephcsi audit`"
+                    )
+                record = split.record
+                if record.name != request.name:
+                    raise Internal(
+                        f"journal record {record.uuid} in pool {split.record_pool!r} belongs to {record.name!r}, not "
+                        f"{request.name!r}; the journal is inconsistent: run `cephcsi audit` before retrying"
+                    )
+                info = images.stat(image_io, record.image_name)
+                if info is None:
+                    raise FailedPrecondition(
+                        f"volume {request.name!r} (image {record.image_name!r} in pool {image_pool!r}, made by "
+                        "ceph-csi) has no image; run `cephcsi audit`"
+                    )
+                if not fits(info.size, request.required_bytes, request.limit_bytes):
+                    raise AlreadyExists(
+                        f"volume {request.name!r} already exists with {info.size} bytes, which does not fit the "
+                        f"requested range [{request.required_bytes}, {request.limit_bytes or 'unbounded'}]"
+                    )
+                image_metadata.ensure(image_io, record.image_name, request.metadata)
+                cluster = self.clusters.get(params.cluster_id)
+                context = params.volume_context(record.image_name, cluster.rados_namespace)
+                context["pool"] = image_pool  # where the node finds the image (ceph-csi's context says so too)
+                return Volume(VolumeId(params.cluster_id, value.image_pool_id, uuid), info.size,
+                              record.image_name, context)
 
     def _ensure_image(self, io: rados.Ioctx, request: CreateRequest, name: str,
                       maybe_exists: bool = True) -> tuple[str, int, bool]:
@@ -180,7 +239,22 @@ class VolumeManager:
         """Image first, then the name, then the record: a record is removed only once its
         image is gone or queued with the mgr, so a retry after any crash still finds it."""
         record = journal.read(uuid)
+        if record is None or record.get(JOURNAL_POOL):
+            # No name here, or a name key in another pool: a volume ceph-csi journaled apart
+            # from its image (split_journal), or (no name) a create killed right after locking.
+            split = split_journal.locate(session, io, pool, VOLUMES, uuid)
+            if split is not None:
+                self._delete_split(session, io, pool, journal, hold, split)
+                return
         if record is None:
+            default_image = f"{VOLUMES.default_image_prefix}{uuid}"
+            if images.lookup_id(io, default_image) is not None:
+                # Never ours (cephcsi writes the record before the image) and never "already
+                # deleted": the record that names it was not found in any pool we can read.
+                raise FailedPrecondition(
+                    f"volume {uuid} has no journal record in any readable pool, but image {default_image!r} exists "
+                    f"in pool {pool!r}; nothing was deleted: run `cephcsi audit`"
+                )
             log.info("no journal record; volume already deleted", extra=fields(uuid=uuid))
             journal.discard_orphan(uuid)
             return
@@ -191,6 +265,28 @@ class VolumeManager:
         journal.release_name(record.name, record.uuid)
         failpoints.reach("delete.after-release")
         journal.remove_record(record.uuid)
+
+    def _delete_split(self, session: Session, io: rados.Ioctx, pool: str, journal: Journal, hold: Hold,
+                      split: SplitVolume) -> None:
+        """The order of `_delete_locked` across two pools: image (in `pool`), then the name key
+        (in the journal pool, only while it still points here), then the record wherever its
+        values are, and last the object in `pool` the lock lives on. A retry after a crash at
+        any step finds the record (or, after the last, nothing) and goes on from there."""
+        record = split.record
+        with session.ioctx(split.journal_pool, io.get_namespace()) as journal_io:
+            names = self._journal(journal_io)
+            values = names if split.record_in_journal_pool else journal
+            hold.ensure_held()
+            self._remove_image(session, io, pool, values, record)
+            failpoints.reach("delete.after-image")
+            hold.ensure_held()
+            names.release_name(record.name, split.name_value)
+            failpoints.reach("delete.after-release")
+            if split.record_in_journal_pool:
+                names.remove_record(record.uuid)
+            journal.remove_record(record.uuid)
+        log.info("deleted a volume journaled in another pool (ceph-csi topology)",
+                 extra=fields(uuid=record.uuid, image=record.image_name, journal_pool=split.journal_pool))
 
     def _remove_image(self, session: Session, io: rados.Ioctx, pool: str, journal: Journal, record: Record) -> None:
         """Take the image out of service from whatever state an earlier, killed attempt (ours,
@@ -236,18 +332,30 @@ class VolumeManager:
         with self.name_locks.hold(name), self.connections.session(cluster, credentials) as session:
             try:
                 with session.ioctx(parameters.pool) as io:
-                    uuid = self._find_uuid(self._journal(io), name)
                     pool_id = io.get_pool_id()
+                    raw = self._find_uuid(self._journal(io), name)
             except NotFound:
                 return None
-        return VolumeId(parameters.cluster_id, pool_id, uuid).encode() if uuid else None
+        if not raw:
+            return None
+        value = parse_name_value(raw, f"name key of {name!r} in pool {parameters.pool!r}")
+        if value.elsewhere(pool_id):
+            assert value.image_pool_id is not None
+            pool_id = value.image_pool_id
+        return VolumeId(parameters.cluster_id, pool_id, value.uuid).encode()
 
     @staticmethod
     def _find_uuid(journal: Journal, name: str) -> str | None:
-        """The name's uuid; a name reserved by a create that died before writing the record
-        is released here (nothing else will ever name it), and None returned."""
+        """The name key's value; a name reserved by a create that died before writing the record
+        is released here (nothing else will ever name it), and None returned. A value pointing
+        into another pool (split_journal) is returned as it is: its record is not in this pool,
+        so not finding it here says nothing."""
         uuid = journal.lookup(name)
-        if uuid is None or journal.read(uuid) is not None:
+        if uuid is None:
+            return None
+        if parse_name_value(uuid, f"name key of {name!r}").elsewhere(journal.io.get_pool_id()):
+            return uuid
+        if journal.read(uuid) is not None:
             return uuid
         with journal.locked(uuid):
             if journal.lookup(name) == uuid and journal.read(uuid) is None:
@@ -269,8 +377,17 @@ class VolumeManager:
             if pool is None:
                 raise NotFound(f"volume {volume_id_text!r} does not exist (its pool is gone)")
             with session.ioctx(pool) as io:
-                record = self._journal(io).read(volume_id.object_uuid)
+                record = self.read_record(session, io, pool, volume_id.object_uuid)
                 info = images.stat(io, record.image_name) if record else None
                 if record is None or info is None:
                     raise NotFound(f"volume {volume_id_text!r} does not exist")
                 return Located(volume_id, pool, record), info
+
+    def read_record(self, session: Session, io: rados.Ioctx, pool: str, uuid: str) -> Record | None:
+        """The volume's record: in its own pool, or where ceph-csi put it for a volume it
+        journaled in another pool (split_journal). None when neither has one. Read only."""
+        record = self._journal(io).read(uuid)
+        if record is not None and not record.get(JOURNAL_POOL):
+            return record
+        split = split_journal.locate(session, io, pool, VOLUMES, uuid)
+        return split.record if split is not None else record

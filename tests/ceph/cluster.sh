@@ -119,9 +119,15 @@ CONF
 
   $C osd pool create "$pool" 8 8 replicated >/dev/null 2>&1
   rbd -c "$conf" pool init "$pool"
-  # The identity the driver uses in tests: the least privilege ceph-csi documents.
+  # A second RBD pool, as ceph-csi's topologyConstrainedPools use one: its StorageClass pool holds
+  # the journal, the images go here (tests of volumes journaled apart from their image).
+  local pool2="${pool}-topo"
+  $C osd pool create "$pool2" 8 8 replicated >/dev/null 2>&1
+  $C osd pool application enable "$pool2" rbd >/dev/null 2>&1
+  # The identity the driver uses in tests: the least privilege ceph-csi documents (for both pools).
   local csi_key
-  csi_key=$($C auth get-or-create-key client.csi mon 'profile rbd' osd "profile rbd pool=$pool" mgr "profile rbd pool=$pool")
+  csi_key=$($C auth get-or-create-key client.csi mon 'profile rbd' \
+    osd "profile rbd pool=$pool, profile rbd pool=$pool2" mgr "profile rbd pool=$pool, profile rbd pool=$pool2")
   wait_for 60 "all PGs active+clean" bash -c "$C pg stat --format json | python3 -c '
 import json,sys
 d=json.load(sys.stdin); s=d.get(\"pg_summary\", d)
@@ -138,6 +144,7 @@ CEPH_FSID=$fsid
 CEPH_MON_HOST=$addr:$v1
 CEPH_MON_V2=$addr:$v2
 CEPH_POOL=$pool
+CEPH_POOL2=$pool2
 CEPH_ADMIN_KEY=$admin_key
 CEPH_CSI_USER=csi
 CEPH_CSI_KEY=$csi_key

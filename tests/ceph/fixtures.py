@@ -30,6 +30,8 @@ class CephTestCluster:
     key: str
     admin_key: str
     cluster_id: str = CLUSTER_ID
+    pool2: str = ""
+    """A second RBD pool the csi user may use (for volumes journaled in `pool`, imaged here)."""
 
     @property
     def secrets(self) -> dict[str, str]:
@@ -122,6 +124,7 @@ def start_cluster(directory: str) -> CephTestCluster:
         user=env["CEPH_CSI_USER"],
         key=env["CEPH_CSI_KEY"],
         admin_key=env["CEPH_ADMIN_KEY"],
+        pool2=env.get("CEPH_POOL2", ""),
     )
 
 

@@ -12,6 +12,7 @@ MOVING, source USER_PARENT, no directory entry, no id object, header present.
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Callable
 
 import grpc
@@ -23,7 +24,16 @@ from cephcsi.ceph.imagestate import TrashState
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.helpers import MiB, create_request, until_ok
 from tests.integration.controller.pool_state import admin_ioctx, read_pool, wait_for_pool
-from tests.integration.controller.snapshot_helpers import BLOCK, from_snapshot, pattern, read, snapshot_request, write
+from tests.integration.audit.seed import run_audit
+from tests.integration.controller.snapshot_helpers import (
+    BLOCK,
+    from_snapshot,
+    from_volume,
+    pattern,
+    read,
+    snapshot_request,
+    write,
+)
 from tests.integration.driver import DriverProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
@@ -89,4 +99,42 @@ def test_snapshot_delete_killed_inside_the_parent_move_is_finished_by_the_retry(
         _delete_volume(healthy, ceph_cluster, restored)  # librbd purges the parent with its last child
     assert not ceph_cluster.omap(f"csi.snap.{snapshot_id[-36:]}"), "the snapshot's record is gone"
     _delete_volume(healthy, ceph_cluster, source)
+    assert wait_for_pool(ceph_cluster, baseline, timeout=120) == baseline
+
+
+def test_audit_repairs_a_volume_parent_whose_move_was_cut_and_whose_clone_left_meanwhile(
+    fresh_driver: Callable[..., DriverProcess], ceph_cluster: CephTestCluster
+) -> None:
+    """The same shape for a volume with a clone, with nobody retrying the delete at first:
+    `cephcsi audit` reports the parent, `--repair` finishes the move and purges it (librbd
+    never will: its last clone left while the entry was MOVING), and the CO's retry then
+    finds nothing left to do but the journal."""
+    baseline = read_pool(ceph_cluster)
+    healthy = fresh_driver()
+    parent = healthy.controller.CreateVolume(create_request(ceph_cluster, size=16 * MiB), timeout=60).volume.volume_id
+    clone = healthy.controller.CreateVolume(from_volume(ceph_cluster, parent, size=16 * MiB), timeout=60).volume.volume_id
+    image_id = ceph_cluster.omap(f"csi.volume.{parent[-36:]}")["csi.imageid"]
+    doomed = fresh_driver({"CEPHCSI_FAILPOINTS": "delete.after-image"})
+    with pytest.raises(grpc.RpcError):
+        doomed.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=parent, secrets=ceph_cluster.secrets),
+                                       timeout=60)
+    _back_to_moving(ceph_cluster, image_id)
+    _delete_volume(healthy, ceph_cluster, clone)
+    entry = _trash_state(ceph_cluster, image_id)
+    assert entry is not None and entry.state is TrashState.MOVING, "librbd left the parent behind"
+
+    _, doc, _ = run_audit(ceph_cluster, healthy.config_file)
+    found = [f for f in doc["findings"] if f["subject"] == f"trash:{image_id}"]
+    assert [(f["kind"], f["fix"]) for f in found] == [("trash-moving", "finish-trash-move-and-purge")], doc["findings"]
+    # The killed delete's journal lease must lapse first; until then --repair skips the entry.
+    deadline = time.monotonic() + 90
+    while True:
+        _, doc, _ = run_audit(ceph_cluster, healthy.config_file, "--repair")
+        outcomes = [f["repair"] for f in doc["findings"] if f["subject"] == f"trash:{image_id}"]
+        if [o["outcome"] for o in outcomes] != ["skipped"] or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert [o["outcome"] for o in outcomes] == ["repaired"], outcomes
+
+    _delete_volume(healthy, ceph_cluster, parent)
     assert wait_for_pool(ceph_cluster, baseline, timeout=120) == baseline

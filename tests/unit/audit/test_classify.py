@@ -179,6 +179,19 @@ def test_normal_trash_entries() -> None:
     assert classify(trashed(TrashState.NORMAL, name="someone-elses")) == []
 
 
+def test_a_deleted_clone_parent_is_a_finding_only_once_its_clones_are_gone() -> None:
+    def parent(children_left: bool, name: str = IMG2) -> Snapshot:
+        snap = trashed(TrashState.NORMAL, name=name)
+        entry = replace(snap.trash[0], awaits_children=True, children_left=children_left)
+        return replace(snap, trash=(entry,))
+
+    assert classify(parent(children_left=True)) == []  # librbd purges it after its last clone
+    abandoned = only(parent(children_left=False), Kind.TRASH_UNQUEUED)
+    assert abandoned.fix is Fix.PURGE and "clones are all gone" in abandoned.detail
+    foreign = only(parent(children_left=False, name="csi-snap-x"), Kind.TRASH_UNQUEUED)
+    assert foreign.fix is None  # reported, but not this journal's image to purge
+
+
 def test_trash_entries_are_ours_by_name_or_by_a_journaled_id() -> None:
     snap = replace(trashed(TrashState.MOVING, name="renamed"),
                    records={**healthy().records, U2: RecordView(U2, "pvc-2", "renamed", "id2")},
@@ -206,3 +219,61 @@ def test_pv_whose_image_is_gone_and_image_whose_pv_is_gone() -> None:
 def test_static_pvs_only_protect_images() -> None:
     snap = replace(healthy(), pvs=(PVView("pv-1", U1, IMG1), PVView("static", "", "some-image")))
     assert classify(snap) == []
+
+
+# ---- ceph-csi volumes journaled in another pool than their image (split_journal) ----------
+
+
+def test_a_name_key_into_another_pool_with_its_record_and_live_image_is_clean() -> None:
+    from cephcsi.audit.model import RemoteKeyView
+
+    # The journal pool's view: the key holds <pool id>/<uuid>, the record is here (ceph-csi's code).
+    snap = replace(healthy(), records={**healthy().records,
+                                       U2: RecordView(U2, "pvc-2", IMG2, "id2", "0000000000000001")},
+                   remote_keys={"pvc-2": RemoteKeyView("pvc-2", U2, "topo", "rbd", IMG2, "live")})
+    assert classify(snap) == []
+    assert classify(replace(snap, remote_keys={"pvc-2": RemoteKeyView("pvc-2", U2, "topo", "rbd", IMG2,
+                                                                      "trash")})) == []
+
+
+def test_a_split_volume_whose_image_is_gone_is_reported_never_repaired() -> None:
+    from cephcsi.audit.model import RemoteKeyView
+
+    snap = replace(healthy(), records={**healthy().records,
+                                       U2: RecordView(U2, "pvc-2", IMG2, "id2", "0000000000000001")},
+                   remote_keys={"pvc-2": RemoteKeyView("pvc-2", U2, "topo", "rbd", IMG2, "gone")})
+    finding = only(snap, Kind.DANGLING_RECORD)
+    assert finding.fix is None and "another pool" in finding.why_not
+    unresolved = replace(snap, records=healthy().records,
+                         remote_keys={"pvc-2": RemoteKeyView("pvc-2", U2, "topo")})
+    finding = only(unresolved, Kind.DANGLING_KEY)
+    assert finding.fix is None and "topo" in finding.detail
+
+
+def test_the_image_pools_empty_object_and_image_of_a_split_volume_are_not_debris() -> None:
+    # The image pool's view: an empty csi.volume.<uuid> (ceph-csi reserves the uuid with it) and
+    # the image; the named record is in the journal pool (split_records).
+    snap = replace(healthy(), records={**healthy().records, U2: RecordView(U2, "")},
+                   directory={IMG1: "id1", IMG2: "id2"}, id_objects={IMG1: "id1", IMG2: "id2"},
+                   headers=frozenset({"id1", "id2"}),
+                   split_records={U2: RecordView(U2, "pvc-2", IMG2, "id2", "0000000000000001")},
+                   pvs=(PVView("pv-1", U1, IMG1), PVView("pv-2", U2, IMG2)))
+    assert classify(snap) == []
+    # Without the record elsewhere the same objects are what they look like.
+    assert sorted(kinds(replace(snap, split_records={}))) == [Kind.ORPHAN_IMAGE, Kind.ORPHAN_RECORD,
+                                                              Kind.PV_IMAGE_GONE]
+
+
+def test_records_carrying_csi_journalpool_are_never_repaired() -> None:
+    snap = replace(healthy(), records={**healthy().records,
+                                       U2: RecordView(U2, "pvc-2", IMG2, "id2", "0000000000000005")})
+    finding = only(snap, Kind.ORPHAN_RECORD)
+    assert finding.fix is None and "another pool" in finding.why_not
+    named = replace(snap, split_named=frozenset({U2}))
+    finding = only(named, Kind.DANGLING_RECORD)  # its image (here) is gone
+    assert finding.fix is None
+
+
+def test_a_malformed_name_key_is_reported_only() -> None:
+    finding = only(replace(healthy(), malformed_keys={"pvc-9": "garbage"}), Kind.DANGLING_KEY)
+    assert finding.fix is None and "garbage" in finding.detail

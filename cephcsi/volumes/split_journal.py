@@ -1,0 +1,215 @@
+"""Volumes ceph-csi journaled in one pool and created in another (its topologyConstrainedPools).
+
+cephcsi never provisions like this (the StorageClass key is refused), but it must find, grow and
+delete such volumes, and never mistake their journal entries for debris. What ceph-csi writes
+when the StorageClass `pool` (the journal pool J) differs from the pool it picked for the image
+(I), step by step (internal/journal/voljournal.go, ReserveName; internal/rbd/rbd_journal.go):
+
+    1. I: create `csi.volume.<uuid>`, empty (it reserves the uuid)
+    2. J: `csi.volumes.<instance>` key `csi.volume.<request name>` = `<I's id, 16 hex digits>/<uuid>`
+    3. J: `csi.volume.<uuid>` omap: csi.volname, csi.imagename, csi.journalpool = <J's id, 16 hex>,
+          and csi.volume.owner / encryption keys when set
+    4. I: the image; then csi.imageid goes to the record of step 3 (StoreImageID on the journal pool)
+
+The volume id names I. ceph-csi's own comments say the record of step 3 lives with the image
+(in I); its code writes it to J, leaving I's object empty. Both shapes are read here: a record
+in I that carries csi.journalpool pointing at another pool, or an empty (or csi.imageid-only)
+object in I whose named record sits in the pool its own csi.journalpool names.
+
+This module's top half is pure (the encodings); the bottom half reads RADOS, never writes.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import re
+from dataclasses import dataclass
+
+import rados
+
+from cephcsi.ceph import omap
+from cephcsi.ceph.connection import Session
+from cephcsi.ceph.errors import ceph_call, error_number
+from cephcsi.errors import CephCSIError, FailedPrecondition, NotFound, PermissionDenied
+from cephcsi.observability.logging import fields
+from cephcsi.volumes.journal import IMAGE_ID, IMAGE_NAME, JournalKind, Record
+
+log = logging.getLogger(__name__)
+
+JOURNAL_POOL = "csi.journalpool"
+"""Record key: the id of the pool holding the name key, when that is not the image's pool."""
+
+POOL_ID_HEX_DIGITS = 16
+"""ceph-csi writes pool ids as the hex of their 8 big-endian bytes (int64 → uint64)."""
+
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_HEX = re.compile(r"^[0-9a-fA-F]+$")
+_UUID_LENGTH = 36
+
+
+def _malformed(where: str, value: str, why: str) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"journal value {value!r} of {where} is malformed ({why}); it was not written by cephcsi or ceph-csi "
+        "as they are: run `cephcsi audit` and fix the entry by hand"
+    )
+
+
+def encode_pool_id(pool_id: int) -> str:
+    """A pool id as ceph-csi stores it in journal values."""
+    if pool_id < 0:
+        raise ValueError(f"pool id {pool_id} is negative")
+    return f"{pool_id:0{POOL_ID_HEX_DIGITS}x}"
+
+
+def parse_pool_id(text: str, where: str) -> int:
+    """The pool id of a 16-hex-digit journal value; FailedPrecondition naming `where` otherwise.
+
+    ceph-csi decodes these as 8 bytes, big endian, read as an int64: other lengths are not its
+    output, and a negative id (top bit set) names no pool."""
+    if len(text) != POOL_ID_HEX_DIGITS or not _HEX.match(text):
+        raise _malformed(where, text, f"a pool id must be {POOL_ID_HEX_DIGITS} hex digits")
+    pool_id = int(text, 16)
+    if pool_id >= 1 << 63:
+        raise _malformed(where, text, "the pool id is negative as a signed 64-bit number")
+    return pool_id
+
+
+@dataclass(frozen=True)
+class NameValue:
+    """What a name key (`csi.volume.<request name>` in `csi.volumes.<instance>`) holds."""
+
+    uuid: str
+    image_pool_id: int | None = None
+    """None: the record and image are in the name key's own pool (the usual layout)."""
+
+    def encode(self) -> str:
+        if self.image_pool_id is None:
+            return self.uuid
+        return f"{encode_pool_id(self.image_pool_id)}/{self.uuid}"
+
+    def elsewhere(self, journal_pool_id: int) -> bool:
+        """The volume's image (and its id's pool) is not the name key's pool."""
+        return self.image_pool_id is not None and self.image_pool_id != journal_pool_id
+
+
+def parse_name_value(value: str, where: str) -> NameValue:
+    """A name key's value: `<uuid>` or `<image pool id, 16 hex>/<uuid>` (ceph-csi tells them apart
+    by length: exactly a uuid's 36 characters is the plain form)."""
+    if len(value) == _UUID_LENGTH:
+        if not _UUID.match(value):
+            raise _malformed(where, value, "not a uuid")
+        return NameValue(value)
+    pool_text, slash, uuid = value.partition("/")
+    if not slash:
+        raise _malformed(where, value, "neither a uuid nor <pool id>/<uuid>")
+    if not _UUID.match(uuid):
+        raise _malformed(where, value, "the part after '/' is not a uuid")
+    return NameValue(uuid, parse_pool_id(pool_text, where))
+
+
+# ---- reading the split layout ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SplitVolume:
+    """A volume whose name key is in `journal_pool` while its image is in `image_pool`."""
+
+    record: Record
+    record_pool: str
+    """Where the record's values are: `journal_pool` (what ceph-csi's code writes) or
+    `image_pool` (the layout its comments describe)."""
+    journal_pool: str
+    image_pool: str
+    image_pool_id: int
+
+    @property
+    def name_value(self) -> str:
+        """The value the name key holds while it points at this volume."""
+        return NameValue(self.record.uuid, self.image_pool_id).encode()
+
+    @property
+    def record_in_journal_pool(self) -> bool:
+        return self.record_pool != self.image_pool
+
+
+def record_of(values: dict[str, str], uuid: str, kind: JournalKind) -> Record | None:
+    """A record from its omap values as `Journal.read` builds it; None without a name."""
+    if not values.get(kind.name_field):
+        return None
+    rest = dict(values)
+    name = rest.pop(kind.name_field)
+    image_name = rest.pop(IMAGE_NAME, "") or f"{kind.default_image_prefix}{uuid}"
+    image_id = rest.pop(IMAGE_ID, "")
+    return Record(uuid, name, image_name, image_id, tuple(sorted(rest.items())))
+
+
+def _pool_id_field(record: Record, where: str) -> int | None:
+    text = record.get(JOURNAL_POOL)
+    return parse_pool_id(text, where) if text else None
+
+
+# Reading a pool the credentials may not cover, or one that holds no omaps (an erasure-coded data
+# pool): such a pool cannot hold ceph-csi's journal for this user, so it is skipped.
+_SKIPPED = (PermissionDenied, NotFound)
+
+
+def _read_candidate(session: Session, pool: str, namespace: str, obj: str) -> dict[str, str] | None:
+    try:
+        with session.ioctx(pool, namespace) as io:
+            return omap.read(io, obj)
+    except _SKIPPED:
+        return None
+    except CephCSIError as error:
+        cause = error.__cause__
+        if cause is not None and error_number(cause) == errno.EOPNOTSUPP:
+            return None
+        raise
+
+
+def _pools(session: Session) -> list[str]:
+    with ceph_call("list pools"):
+        return list(session.rados.list_pools())
+
+
+def locate(session: Session, io: rados.Ioctx, image_pool: str, kind: JournalKind, uuid: str,
+           journal_pool: str | None = None) -> SplitVolume | None:
+    """The split volume `uuid` of `image_pool`, or None when it is not one.
+
+    `journal_pool`: where the name key is, when the caller knows (CreateVolume: the request's
+    pool); otherwise (an id is all DeleteVolume has) every other pool is tried for a record
+    that names itself as its journal pool, which only ceph-csi's step 3 writes. One omap read
+    per pool, and only for a volume whose record in its image pool holds no name."""
+    image_pool_id = io.get_pool_id()
+    namespace = io.get_namespace()
+    obj = f"{kind.record_prefix}{uuid}"
+    here = omap.read(io, obj)
+    local = record_of(here or {}, uuid, kind)
+    if local is not None:
+        target = _pool_id_field(local, f"{obj} in pool {image_pool!r}")
+        if target is None or target == image_pool_id:
+            return None  # an ordinary record
+        journal = session.pool_name(target)
+        if journal is None:
+            raise FailedPrecondition(
+                f"journal record {obj} in pool {image_pool!r} names journal pool id {target}, which no longer "
+                "exists; its name key is gone with it: run `cephcsi audit`"
+            )
+        return SplitVolume(local, image_pool, journal, image_pool, image_pool_id)
+    candidates = [journal_pool] if journal_pool else [p for p in _pools(session) if p != image_pool]
+    for pool in candidates:
+        if pool == image_pool:
+            continue
+        values = _read_candidate(session, pool, namespace, obj)
+        record = record_of(values or {}, uuid, kind)
+        if record is None:
+            continue
+        with session.ioctx(pool, namespace) as candidate:
+            own_id = candidate.get_pool_id()
+        if _pool_id_field(record, f"{obj} in pool {pool!r}") != own_id:
+            # Same uuid, but not a record ceph-csi wrote for a volume in `image_pool`: uuids are
+            # random, so this is someone else's object; never adopt it.
+            log.warning("journal record with this uuid in another pool does not name itself as journal pool",
+                        extra=fields(uuid=uuid, pool=pool, image_pool=image_pool))
+            continue
+        return SplitVolume(record, pool, pool, image_pool, image_pool_id)
+    return None
