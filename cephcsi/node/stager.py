@@ -402,7 +402,7 @@ class Stager:
                         record = self._bare_record(volume_id, staging_path, access_type, mapper_name, device, "")
                         record.pool = str(item.get("pool") or "")
                         record.namespace = str(item.get("namespace") or "")
-                        record.image = str(item.get("name") or "")
+                        record.image = mapper.listed_image(item)
                         return record
         # Unknown device: unmount only; never unmap something we cannot attribute to this volume.
         return self._bare_record(volume_id, staging_path, access_type, "", device, "")

@@ -106,9 +106,10 @@ def quickstart_config(ceph: CephTestCluster) -> str:
                         "rbd": {"radosNamespace": ""}}], indent=2)
 
 
-def write_overlay(directory: Path, config_json: str) -> Path:
-    """A kustomization over deploy/ that replaces only config.json. Everything else (image name,
-    namespaces, RBAC, the DaemonSet) is deploy/ as shipped."""
+def write_overlay(directory: Path, config_json: str, base: Path = DEPLOY) -> Path:
+    """A kustomization over deploy/ (or another base, e.g. overlays/migration/) that replaces only
+    config.json. Everything else (image name, namespaces, RBAC, the DaemonSet) is the base as
+    shipped."""
     directory.mkdir(parents=True, exist_ok=True)
     patch = {
         "apiVersion": "v1", "kind": "ConfigMap",
@@ -119,7 +120,7 @@ def write_overlay(directory: Path, config_json: str) -> Path:
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [os.path.relpath(DEPLOY, directory)],
+        "resources": [os.path.relpath(base, directory)],
         "patches": [{"path": "config.yaml"}],
     }
     (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))

@@ -28,6 +28,7 @@ DEFAULT_MAP_OPTIONS = ["try-netlink", "reattach-timeout=300"]
 class NbdMapper(RbdDeviceMapper):
     name = NBD
     device_type = "nbd"
+    image_field = "image"
 
     def __init__(
         self,

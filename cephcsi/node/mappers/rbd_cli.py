@@ -10,7 +10,7 @@ import json
 import logging
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from cephcsi.ceph.credentials import key_file
 from cephcsi.errors import (
@@ -93,6 +93,9 @@ class RbdDeviceMapper:
 
     name = ""
     device_type = ""
+    image_field = "name"
+    """The key of the image name in `rbd device list --format json`: krbd's listing says "name",
+    rbd-nbd's (`rbd-nbd list-mapped`, which the listing runs for nbd) says "image"."""
 
     def __init__(self, runner: Runner, timeout: float, wait_for_device: Callable[[str, float], None], device_timeout: float) -> None:
         self.run = runner
@@ -146,12 +149,16 @@ class RbdDeviceMapper:
             raise Internal(f"`rbd device list` printed something that is not JSON: {result.stdout[:200]!r}") from None
         return [e for e in entries if isinstance(e, dict)]
 
+    def listed_image(self, entry: Mapping[str, object]) -> str:
+        """The image of one `mapped()` entry, whichever tool listed it."""
+        return str(entry.get(self.image_field) or "")
+
     def device_of(self, image: ImageSpec) -> str | None:
         for entry in self.mapped():
             if (
                 entry.get("pool") == image.pool
                 and (entry.get("namespace") or "") == image.namespace
-                and entry.get("name") == image.image
+                and self.listed_image(entry) == image.image
                 and entry.get("snap") in (None, "", "-")
             ):
                 return str(entry.get("device") or "") or None

@@ -1,56 +1,27 @@
-"""Volumes journaled by ceph-csi itself, written here with raw RADOS calls in the order and with
-the keys ceph-csi's journal uses (internal/journal/voljournal.go: ReserveName creates the record
-object, then sets the name key in csi.volumes.<instance>, then the record's csi.volname,
-csi.imagename and csi.volume.owner; StoreImageID adds csi.imageid once the image exists), not
-through cephcsi's own Journal. cephcsi must adopt such a volume for a retried CreateVolume, grow it
-and delete it with everything ceph-csi wrote. Records from ceph-csi releases before csi.imagename
-existed name their image csi-vol-<uuid> implicitly.
+"""Volumes journaled by ceph-csi itself, written with raw RADOS calls in ceph-csi's order and keys
+(tests/ceph/ceph_csi_journal.py), not through cephcsi's own Journal. cephcsi must adopt such a
+volume for a retried CreateVolume, grow it and delete it with everything ceph-csi wrote. Records
+from ceph-csi releases before csi.imagename existed name their image csi-vol-<uuid> implicitly.
 """
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from typing import Any
 
 import pytest
-import rados
-import rbd
 
 from cephcsi._generated import csi_pb2
 from cephcsi.volumes.volume_id import VolumeId
+from tests.ceph.ceph_csi_journal import journal_as_ceph_csi
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.audit.seed import run_audit
 from tests.integration.controller.helpers import MiB, create_request, journal_entries, mount_cap
-from tests.integration.controller.pool_state import admin_ioctx, read_pool, wait_for_pool
+from tests.integration.controller.pool_state import read_pool, wait_for_pool
 from tests.integration.driver import DriverProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
-
-
-def _set_omap(io: rados.Ioctx, obj: str, values: dict[str, str]) -> None:
-    with rados.WriteOpCtx() as op:
-        io.set_omap(op, tuple(values), tuple(v.encode() for v in values.values()))
-        io.operate_write_op(op, obj)
-
-
-def _journal_as_ceph_csi(cluster: CephTestCluster, name: str, with_image_key: bool) -> tuple[str, str]:
-    """(volume id, image name) of a volume provisioned by ceph-csi (instance id 'default')."""
-    volume_uuid = str(uuid.uuid4())
-    image = f"csi-vol-{volume_uuid}"
-    with admin_ioctx(cluster) as io:
-        record = f"csi.volume.{volume_uuid}"
-        with rados.WriteOpCtx() as op:
-            op.new(rados.LIBRADOS_CREATE_EXCLUSIVE)
-            io.operate_write_op(op, record)
-        _set_omap(io, "csi.volumes.default", {f"csi.volume.{name}": volume_uuid})
-        values = {"csi.volname": name, "csi.volume.owner": "team-a"}
-        if with_image_key:
-            values["csi.imagename"] = image
-        _set_omap(io, record, values)
-        rbd.RBD().create(io, image, 8 * MiB, old_format=False, features=rbd.RBD_FEATURE_LAYERING)
-        with rbd.Image(io, image, read_only=True) as handle:
-            _set_omap(io, record, {"csi.imageid": handle.id()})
-        pool_id = io.get_pool_id()
-    return VolumeId(cluster.cluster_id, pool_id, volume_uuid).encode(), image
 
 
 def _size(cluster: CephTestCluster, image: str) -> int:
@@ -63,7 +34,8 @@ def test_a_volume_journaled_by_ceph_csi_is_adopted_grown_and_deleted(
 ) -> None:
     baseline = read_pool(ceph_cluster)
     request = create_request(ceph_cluster, size=8 * MiB)
-    volume_id, image = _journal_as_ceph_csi(ceph_cluster, request.name, with_image_key)
+    volume = journal_as_ceph_csi(ceph_cluster, request.name, with_image_key=with_image_key)
+    volume_id, image = volume.volume_id, volume.image
 
     # `cephcsi audit` sees a consistent volume (other tests' debris in this pool aside).
     _rc, doc, _ = run_audit(ceph_cluster, driver.config_file)
@@ -85,3 +57,142 @@ def test_a_volume_journaled_by_ceph_csi_is_adopted_grown_and_deleted(
     assert image not in ceph_cluster.images()
     assert journal_entries(ceph_cluster, request.name) == (None, {})
     assert wait_for_pool(ceph_cluster, baseline, timeout=120) == baseline
+
+
+# ---- volumes ceph-csi journaled in one pool and created in another (topologyConstrainedPools) ----
+
+
+def _admin_pool(cluster: CephTestCluster, pool: str) -> tuple[Any, Any]:
+    import rados
+
+    client = rados.Rados(rados_id="admin", conf={"mon_host": cluster.mon_host, "key": cluster.admin_key})
+    client.connect(timeout=30)
+    return client, client.open_ioctx(pool)
+
+
+def _omap_set(io: Any, obj: str, values: dict[str, str]) -> None:
+    import rados
+
+    with rados.WriteOpCtx() as op:
+        io.set_omap(op, tuple(values), tuple(v.encode() for v in values.values()))
+        io.operate_write_op(op, obj)
+
+
+def _journal_split_as_ceph_csi(cluster: CephTestCluster, name: str, record_in_journal_pool: bool) -> tuple[str, str]:
+    """(volume id, image) of a volume ceph-csi's ReserveName/CreateVolume made with journal pool
+    `cluster.pool` (the StorageClass `pool`) and image pool `cluster.pool2`, step by step as its
+    code does (internal/journal/voljournal.go, internal/rbd/rbd_journal.go):
+
+      1. image pool: exclusive create of csi.volume.<uuid> (the uuid's reservation, left empty)
+      2. journal pool: csi.volumes.default key csi.volume.<name> = <image pool id, 16 hex>/<uuid>
+      3. journal pool (`record_in_journal_pool`, what the code does) or image pool (what its
+         comments describe): csi.volname, csi.imagename, csi.volume.owner, csi.journalpool =
+         <journal pool id, 16 hex>
+      4. image pool: the image; then csi.imageid into the record of step 3
+    """
+    import rados
+    import rbd
+
+    volume_uuid = str(uuid.uuid4())
+    image = f"csi-vol-{volume_uuid}"
+    record = f"csi.volume.{volume_uuid}"
+    journal_client, journal_io = _admin_pool(cluster, cluster.pool)
+    image_client, image_io = _admin_pool(cluster, cluster.pool2)
+    try:
+        journal_id, image_id_of_pool = journal_io.get_pool_id(), image_io.get_pool_id()
+        with rados.WriteOpCtx() as op:
+            op.new(rados.LIBRADOS_CREATE_EXCLUSIVE)
+            image_io.operate_write_op(op, record)
+        _omap_set(journal_io, "csi.volumes.default", {f"csi.volume.{name}": f"{image_id_of_pool:016x}/{volume_uuid}"})
+        record_io = journal_io if record_in_journal_pool else image_io
+        _omap_set(record_io, record, {"csi.volname": name, "csi.imagename": image, "csi.volume.owner": "team-a",
+                                      "csi.journalpool": f"{journal_id:016x}"})
+        rbd.RBD().create(image_io, image, 8 * MiB, old_format=False, features=rbd.RBD_FEATURE_LAYERING)
+        with rbd.Image(image_io, image, read_only=True) as handle:
+            _omap_set(record_io, record, {"csi.imageid": handle.id()})
+    finally:
+        for io, client in ((journal_io, journal_client), (image_io, image_client)):
+            io.close()
+            client.shutdown()
+    return VolumeId(cluster.cluster_id, image_id_of_pool, volume_uuid).encode(), image
+
+
+def _journal_objects(cluster: CephTestCluster, pool: str, volume_uuid: str, name: str) -> dict[str, object]:
+    """What either pool still holds of the volume: its record object, name key, image, trash entry."""
+    client, io = _admin_pool(cluster, pool)
+    try:
+        import rados
+
+        objects = {o.key for o in io.list_objects()}
+        with rados.ReadOpCtx() as op:
+            items, _ = io.get_omap_vals_by_keys(op, (f"csi.volume.{name}",))
+            try:
+                io.operate_read_op(op, "csi.volumes.default")
+                key = dict(items)
+            except rados.ObjectNotFound:
+                key = {}
+    finally:
+        io.close()
+        client.shutdown()
+    images = json.loads(cluster.admin("rbd", "ls", "-p", pool, "--format", "json") or "[]")
+    trash = json.loads(cluster.admin("rbd", "trash", "ls", "-p", pool, "--format", "json") or "[]")
+    return {
+        "record": f"csi.volume.{volume_uuid}" in objects,
+        "name key": bool(key),
+        "image": f"csi-vol-{volume_uuid}" in images,
+        "trash": any(entry["name"] == f"csi-vol-{volume_uuid}" for entry in trash),
+    }
+
+
+def _gone(cluster: CephTestCluster, pool: str, volume_uuid: str, name: str, timeout: float = 120) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = _journal_objects(cluster, pool, volume_uuid, name)
+        if not any(left.values()) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("record_in_journal_pool", [True, False], ids=["record-in-journal-pool", "record-in-image-pool"])
+def test_a_ceph_csi_volume_journaled_in_another_pool_is_adopted_grown_audited_and_deleted(
+    driver: DriverProcess, ceph_cluster: CephTestCluster, record_in_journal_pool: bool
+) -> None:
+    assert ceph_cluster.pool2, "the test cluster has no second pool (tests/ceph/cluster.sh)"
+    request = create_request(ceph_cluster, size=8 * MiB)  # the StorageClass `pool` is the journal pool
+    volume_id, image = _journal_split_as_ceph_csi(ceph_cluster, request.name, record_in_journal_pool)
+    volume_uuid = volume_id[-36:]
+
+    # Audit of either pool: neither the <pool id>/<uuid> key, the record, the empty object in
+    # the image pool nor the image is reported (other tests' debris aside).
+    for pool in (ceph_cluster.pool, ceph_cluster.pool2):
+        _rc, doc, _ = run_audit(ceph_cluster, driver.config_file, "--pool", pool)
+        assert not [f for f in doc["findings"] if volume_uuid in json.dumps(f)], (pool, doc["findings"])
+
+    # A retried CreateVolume resolves the key into the image pool: the same volume, same id.
+    adopted = driver.controller.CreateVolume(request, timeout=60).volume
+    assert adopted.volume_id == volume_id and adopted.capacity_bytes == 8 * MiB
+    assert adopted.volume_context["imageName"] == image
+    assert adopted.volume_context["pool"] == ceph_cluster.pool2
+
+    grown = driver.controller.ControllerExpandVolume(csi_pb2.ControllerExpandVolumeRequest(
+        volume_id=volume_id, capacity_range=csi_pb2.CapacityRange(required_bytes=24 * MiB),
+        secrets=ceph_cluster.secrets, volume_capability=mount_cap()), timeout=60)
+    info = json.loads(ceph_cluster.admin("rbd", "info", "--format", "json", f"{ceph_cluster.pool2}/{image}"))
+    assert grown.capacity_bytes == 24 * MiB and int(info["size"]) == 24 * MiB
+
+    # Still consistent after cephcsi touched it (the lock it took leaves nothing behind).
+    for pool in (ceph_cluster.pool, ceph_cluster.pool2):
+        _rc, doc, _ = run_audit(ceph_cluster, driver.config_file, "--pool", pool, "--repair")
+        assert not [f for f in doc["findings"] if volume_uuid in json.dumps(f)], (pool, doc["findings"])
+    assert _journal_objects(ceph_cluster, ceph_cluster.pool, volume_uuid, request.name)["name key"]
+
+    driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=ceph_cluster.secrets),
+                                   timeout=60)
+    # Nothing left in either pool: name key, records, image, trash entry (once the mgr purged it).
+    for pool in (ceph_cluster.pool, ceph_cluster.pool2):
+        assert _gone(ceph_cluster, pool, volume_uuid, request.name) == \
+            {"record": False, "name key": False, "image": False, "trash": False}, pool
+    # A repeated delete is a success that changes nothing.
+    driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=ceph_cluster.secrets),
+                                   timeout=60)
+    assert not any(_journal_objects(ceph_cluster, ceph_cluster.pool2, volume_uuid, request.name).values())

@@ -7,13 +7,18 @@ publishes bind-mounted from there. The volume has ceph-csi's id encoding and ima
 
 This node has no rbd/nbd kernel modules, so ceph-csi's krbd mapping is stood in for by the
 device of a cephcsi fuse stage elsewhere; what is tested is the layout handling (mounts, stash,
-refusals), and that the krbd unmap finds nothing mapped and succeeds."""
+refusals), and that the krbd unmap finds nothing mapped and succeeds. An rbd-nbd stage
+(`accessType` true) is checked by the argv of its unmap, through an `rbd` on PATH that answers
+for nbd as `rbd-nbd list-mapped` does and passes everything else to the real tool."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import uuid
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -21,21 +26,51 @@ import pytest
 from cephcsi._generated import csi_pb2
 from cephcsi.node.mounts import top_mount
 from cephcsi.volumes.volume_id import VolumeId
-from tests.integration.node.conftest import NodeEnv, Volume, assert_no_leftovers, expect_code, mount_cap
+from tests.integration.driver import DriverProcess
+from tests.integration.node.conftest import NodeEnv, Volume, assert_no_leftovers, block_cap, expect_code, mount_cap
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
 
 
+def write_stash(staging: str, pool: str, image: str, nbd_device: str = "") -> None:
+    """ceph-csi's image-meta.json: krbd, or rbd-nbd (`accessType` true, its device and log
+    settings) when nbd_device is given."""
+    with open(os.path.join(staging, "image-meta.json"), "w") as handle:
+        json.dump({"Version": 3, "pool": pool, "radosNamespace": "", "image": image, "unmapOptions": "",
+                   "accessType": bool(nbd_device), "encrypted": False, "device": nbd_device,
+                   "logDir": "/var/log/ceph" if nbd_device else "", "logFileStrategy": "remove" if nbd_device else ""},
+                  handle)
+
+
 def ceph_csi_stage(volume: Volume, device: str, staging: str) -> str:
     """What ceph-csi's NodeStageVolume leaves for a krbd-mapped ext4 volume."""
-    with open(os.path.join(staging, "image-meta.json"), "w") as handle:
-        json.dump({"Version": 3, "pool": volume.context["pool"], "radosNamespace": "", "image": volume.image,
-                   "unmapOptions": "", "accessType": False, "encrypted": False, "device": "",
-                   "logDir": "", "logFileStrategy": ""}, handle)
+    write_stash(staging, volume.context["pool"], volume.image)
     mount_point = os.path.join(staging, volume.volume_id)
     os.mkdir(mount_point, 0o750)
     subprocess.run(["mount", "-t", "ext4", "-o", "_netdev", device, mount_point], check=True)
     return mount_point
+
+
+def ceph_csi_block_stage(volume: Volume, device: str, staging: str) -> str:
+    """What ceph-csi's NodeStageVolume leaves for a krbd-mapped Block volume: the device
+    bind-mounted onto the file `<staging>/<volume id>`."""
+    write_stash(staging, volume.context["pool"], volume.image)
+    target = os.path.join(staging, volume.volume_id)
+    os.close(os.open(target, os.O_CREAT | os.O_RDWR, 0o600))
+    subprocess.run(["mount", "--bind", device, target], check=True)
+    return target
+
+
+def cephcsi_device(env: NodeEnv, volume: Volume, cap: object) -> tuple[str, str]:
+    """(helper staging path, device) of a cephcsi fuse stage at another path, standing in for
+    the krbd device; its own mount is undone so that only ceph-csi's uses the device (a second
+    mount of it would count as a publish)."""
+    helper = env.staging()
+    volume.stage(helper, cap)  # type: ignore[arg-type]
+    with open(os.path.join(helper, "cephcsi-stage.json")) as handle:
+        record = json.load(handle)
+    subprocess.run(["umount", os.path.join(helper, "block" if record["access_type"] == "block" else "fs")], check=True)
+    return helper, str(record["device"])
 
 
 def test_volume_staged_by_ceph_csi_is_published_and_unstaged(env: NodeEnv, make_volume) -> None:  # type: ignore[no-untyped-def]
@@ -43,13 +78,7 @@ def test_volume_staged_by_ceph_csi_is_published_and_unstaged(env: NodeEnv, make_
     object_uuid = str(uuid.uuid4())
     volume.volume_id = VolumeId(env.cluster.cluster_id, 1, object_uuid).encode()
     cap = mount_cap("ext4")
-    # Stand-in for the krbd device: the loop device of a cephcsi stage at another path.
-    helper = env.staging()
-    volume.stage(helper, cap)
-    with open(os.path.join(helper, "cephcsi-stage.json")) as handle:
-        device = json.load(handle)["device"]
-    # Only ceph-csi's mount may use the device (a second mount of it would count as a publish).
-    subprocess.run(["umount", os.path.join(helper, "fs")], check=True)
+    helper, device = cephcsi_device(env, volume, cap)
 
     staging, old_target, new_target = env.staging(), env.target(), env.target()
     legacy_mount = ceph_csi_stage(volume, device, staging)
@@ -85,3 +114,109 @@ def test_encrypted_ceph_csi_stage_is_refused(env: NodeEnv) -> None:
     message = expect_code(grpc.StatusCode.FAILED_PRECONDITION, env.node.NodeUnstageVolume,
                           csi_pb2.NodeUnstageVolumeRequest(volume_id=volume_id, staging_target_path=staging))
     assert "LUKS" in message
+
+
+def test_block_volume_staged_by_ceph_csi_is_published_and_unstaged(env: NodeEnv, make_volume) -> None:  # type: ignore[no-untyped-def]
+    volume: Volume = make_volume(64)
+    volume.volume_id = VolumeId(env.cluster.cluster_id, 1, str(uuid.uuid4())).encode()
+    cap = block_cap()
+    helper, device = cephcsi_device(env, volume, cap)
+
+    staging, old_target, new_target = env.staging(), env.target(), env.target()
+    legacy_file = ceph_csi_block_stage(volume, device, staging)
+    os.close(os.open(old_target, os.O_CREAT | os.O_RDWR, 0o600))
+    subprocess.run(["mount", "--bind", legacy_file, old_target], check=True)  # ceph-csi's publish
+    data = b"written under ceph-csi"
+    fd = os.open(old_target, os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+    # A kubelet restart's re-stage takes ceph-csi's stage as it is; a new pod publishes from it.
+    volume.stage(staging, cap)
+    assert sorted(os.listdir(staging)) == sorted(["image-meta.json", volume.volume_id])
+    volume.publish(staging, new_target, cap)
+    fd = os.open(new_target, os.O_RDONLY)
+    try:
+        assert os.pread(fd, len(data), 0) == data
+    finally:
+        os.close(fd)
+    message = expect_code(grpc.StatusCode.FAILED_PRECONDITION, volume.unstage, staging)
+    assert "still published" in message
+
+    volume.unpublish(old_target)
+    volume.unpublish(new_target)
+    assert not os.path.lexists(new_target)
+    volume.unstage(staging)
+    assert os.listdir(staging) == []  # ceph-csi's device file and stash are gone
+    volume.unstage(staging)
+    volume.unstage(helper)
+    assert_no_leftovers(env, volume)
+
+
+FAKE_RBD = """#!/bin/sh
+# Answers for rbd-nbd as `rbd-nbd list-mapped --format json` does (the image under "image"),
+# records every call, and hands anything else to the real rbd.
+echo "$*" >> {log}
+case "$*" in
+  "device list --device-type nbd --format json")
+    if [ -e {mapped} ]; then
+      printf '[{{"id":4242,"pool":"{pool}","namespace":"","image":"{image}","snap":"","device":"{device}","cookie":""}}]'
+    else
+      printf '[]'
+    fi
+    exit 0 ;;
+  "device unmap --device-type nbd "*) rm -f {mapped}; exit 0 ;;
+esac
+exec {real} "$@"
+"""
+
+
+@pytest.fixture
+def nbd_node(env: NodeEnv) -> Iterator[tuple[DriverProcess, str, str]]:
+    """A second node plugin whose `rbd` is FAKE_RBD: (driver, its bin folder, the call log)."""
+    root = tempfile.mkdtemp(prefix="nbd-", dir=env.root)
+    bin_dir = os.path.join(root, "bin")
+    os.makedirs(bin_dir)
+    driver = DriverProcess(
+        env.driver.config_file, mode="node",
+        args=["--nodeid=test-node", f"--kubelet-dir={env.kubelet}", f"--state-dir={os.path.join(root, 'state')}"],
+        env={"PATH": f"{bin_dir}:{os.environ['PATH']}"}, workdir=os.path.join(root, "drv"),
+    )
+    os.makedirs(driver.workdir)
+    driver.start()
+    try:
+        yield driver, bin_dir, os.path.join(root, "rbd-calls.log")
+    finally:
+        driver.stop()
+
+
+def test_rbd_nbd_stage_of_ceph_csi_is_unmapped_with_rbd_nbd(env: NodeEnv, nbd_node: tuple[DriverProcess, str, str]) -> None:
+    driver, bin_dir, calls = nbd_node
+    volume_id = VolumeId(env.cluster.cluster_id, 1, str(uuid.uuid4())).encode()
+    image, device = f"csi-vol-{volume_id[-36:]}", "/dev/nbd7"
+    mapped = os.path.join(bin_dir, "mapped")
+    fake = os.path.join(bin_dir, "rbd")
+    with open(fake, "w") as handle:
+        handle.write(FAKE_RBD.format(log=calls, mapped=mapped, pool=env.cluster.pool, image=image, device=device,
+                                     real=shutil.which("rbd")))
+    os.chmod(fake, 0o755)
+    open(mapped, "w").close()
+
+    # ceph-csi's rbd-nbd stage; its filesystem stood in for by a tmpfs (no nbd module here).
+    staging = env.staging()
+    write_stash(staging, env.cluster.pool, image, nbd_device=device)
+    mount_point = os.path.join(staging, volume_id)
+    os.mkdir(mount_point, 0o750)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mount_point], check=True)
+
+    driver.node.NodeUnstageVolume(csi_pb2.NodeUnstageVolumeRequest(volume_id=volume_id, staging_target_path=staging),
+                                  timeout=60)
+    assert top_mount(mount_point) is None
+    assert os.listdir(staging) == []
+    with open(calls) as handle:
+        argv = [line.strip() for line in handle]
+    assert f"device unmap --device-type nbd {device}" in argv, argv
+    assert not os.path.exists(mapped)

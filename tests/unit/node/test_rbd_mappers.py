@@ -35,12 +35,22 @@ def _record(image: ImageSpec, mapper: str, device: str = "", unmap_options: list
     )
 
 
+def listing(device_type: str, pool: str, namespace: str, image: str, device: str) -> dict[str, object]:
+    """One entry of `rbd device list --format json` as each tool prints it: krbd's (rbd's
+    Kernel.cc) names the image "name", rbd-nbd's `list-mapped` (which the listing runs for nbd)
+    names it "image", with the daemon's pid as id and an empty snap."""
+    if device_type == "nbd":
+        return {"id": 4242, "pool": pool, "namespace": namespace, "image": image, "snap": "", "device": device,
+                "cookie": ""}
+    return {"id": "0", "pool": pool, "namespace": namespace, "name": image, "snap": "-", "device": device}
+
+
 class Cluster:
     """Answers `rbd device list/map/unmap` like a node where mapping works."""
 
     def __init__(self, device: str) -> None:
         self.device = device
-        self.mapped: list[dict[str, str]] = []
+        self.mapped: list[dict[str, object]] = []
 
     def __call__(self, argv: list[str]) -> tuple[int, str, str]:
         if argv[:3] == ["rbd", "device", "list"]:
@@ -49,7 +59,8 @@ class Cluster:
             pool = argv[argv.index("--pool") + 1]
             name = argv[argv.index("--image") + 1]
             namespace = argv[argv.index("--namespace") + 1] if "--namespace" in argv else ""
-            self.mapped.append({"id": "0", "pool": pool, "namespace": namespace, "name": name, "snap": "-", "device": self.device})
+            device_type = argv[argv.index("--device-type") + 1]
+            self.mapped.append(listing(device_type, pool, namespace, name, self.device))
             return 0, self.device + "\n", ""
         if argv[:3] == ["rbd", "device", "unmap"]:
             self.mapped = [m for m in self.mapped if m["device"] != argv[-1]]
