@@ -35,6 +35,15 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
     return parse
 
 
+def _lease_duration(text: str) -> float:
+    """A journal lease: Ceph's cls_lock keeps whole seconds, so below 1 s is refused rather than
+    silently lengthened, and a fraction is dropped."""
+    value = _duration(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is below 1s: Ceph's locks last whole seconds")
+    return float(int(value))
+
+
 def _duration(text: str) -> float:
     """Seconds as a number or Go-style `15s`, `2m`, `1h`, `500ms` (the sidecars' flag format)."""
     units = (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0))
@@ -87,8 +96,9 @@ def _driver_flags(p: argparse.ArgumentParser) -> None:
 def _ceph_flags(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("ceph")
     c.add_argument("--rados-osd-op-timeout", type=_duration, default=30.0)
-    c.add_argument("--journal-lock-timeout", type=_duration, default=10.0,
-                   help="lease on a volume's journal entry, renewed while a call runs; a killed holder blocks the volume at most this long")
+    c.add_argument("--journal-lock-timeout", type=_lease_duration, default=10.0,
+                   help="lease on a volume's journal entry, renewed while a call runs; a killed holder blocks the volume at most "
+                        "this long (whole seconds, at least 1s)")
     c.add_argument("--rados-mon-op-timeout", type=_duration, default=30.0)
     c.add_argument("--client-mount-timeout", type=_duration, default=10.0)
 

@@ -29,6 +29,7 @@ def test_go_style_durations_and_loops() -> None:
     s = parse_settings(["--mode=node", "--nodeid=n1", "--timeout=2m", "--leader-election-retry-period=500ms", "--sidecars=none"])
     assert s.sidecars.timeout == 120 and s.sidecars.retry_period == 0.5
     assert s.sidecars.enabled == ()
+    assert parse_settings(["--mode=controller", "--journal-lock-timeout=2.7s"]).ceph.journal_lock_seconds == 2
 
 
 @pytest.mark.parametrize(
@@ -39,6 +40,7 @@ def test_go_style_durations_and_loops() -> None:
         (["--mode=controller", "--sidecars=registrar"], "cannot run in --mode=controller"),
         (["--mode=controller", "--timeout=soon"], "not a duration"),
         (["--mode=controller", "--leader-election-renew-deadline=20s"], "shorter than"),
+        (["--mode=controller", "--journal-lock-timeout=500ms"], "below 1s"),
     ],
 )
 def test_bad_flags_fail_with_one_line(argv: list[str], fragment: str) -> None:
