@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ops", type=int, help="operations per batch (default 100; quick 8)")
     p.add_argument("--rounds", type=int, help="interleaved driver/baseline rounds per comparison (default 5; quick 2)")
     p.add_argument("--background-load", type=_loads, default=None,
-                   help="comma list of CPU-busy processes to add, one pass of the controller and node sections "
+                   help="comma list of CPU-busy processes to add, one pass of the controller, node and snapshots sections "
                         "each (default 0: none; '0,1' = quiet pass, then a pass with one busy process)")
     p.add_argument("--concurrency", type=_levels, help="comma list of in-flight levels (default 1,8,32)")
     p.add_argument("--size-mib", type=int, default=GiB >> 20, help="image/volume size in MiB (default %(default)s, thin)")

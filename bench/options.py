@@ -19,7 +19,7 @@ class Options:
     with ops/rounds operations per side; ratios are reported as the median over rounds with
     their min–max, latencies pooled over all rounds."""
     background_loads: tuple[int, ...] = (0,)
-    """Passes of the controller and node sections, each with this many CPU-busy processes
+    """Passes of the controller, node and snapshots sections, each with this many CPU-busy processes
     started by the bench (0: none added): `--background-load 0,1` shows how the ratios move."""
     concurrency: tuple[int, ...] = (1, 8, 32)
     size_bytes: int = GiB

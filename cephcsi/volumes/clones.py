@@ -68,6 +68,7 @@ class Parent:
     image: str
     snap: str
     size: int
+    image_id: str
 
 
 def target_size(request: CreateRequest, source_size: int) -> int:
@@ -101,16 +102,17 @@ class Cloner:
                 self._drop_temporary(session, source, record)
             return self._finish(session, io, request, name, target_size(request, _size(io, name)))
         try:
-            size = self._clone(session, io, request, source, record)
+            size, cloned = self._clone(session, io, request, source, record)
         except (NotFound, InvalidArgument):
             self._forget(session, io, record)
             raise
         failpoints.reach("clone.after-clone")
-        return self._finish(session, io, request, name, size)
+        return self._finish(session, io, request, name, size, cloned)
 
     def _clone(self, session: Session, io: rados.Ioctx, request: CreateRequest, source: ContentSource,
-               record: Record) -> int:
-        """Clone the image from the source; the size it must then have."""
+               record: Record) -> tuple[int, int]:
+        """Clone the image from the source; (the size it must then have, the size it was cloned
+        with: its parent snapshot's)."""
         entry_id = sources.decode(source.source_id, f"source {source.kind}")
         if entry_id.cluster_id != request.parameters.cluster_id:
             raise InvalidArgument(f"source {source.kind} {source.source_id!r} is in cluster {entry_id.cluster_id!r}; "
@@ -121,8 +123,8 @@ class Cloner:
             parent = self._snapshot_parent(source_io, pool, entry_id)
             size = target_size(request, parent.size)
             layering.clone(parent.io, parent.image, parent.snap, io, record.image_name, self._features(request),
-                           request.parameters.data_pool or None)
-            return size
+                           request.parameters.data_pool or None, parent_id=parent.image_id)
+            return size, parent.size
 
     def _forget(self, session: Session, io: rados.Ioctx, record: Record) -> None:
         """The source does not exist and no finished clone of it does: drop clone debris, name
@@ -148,30 +150,35 @@ class Cloner:
                 with rbd.Image(io, name, read_only=True) as image:
                     point = layering.user_snap(image, name)
                     size = int(image.size())
+                    image_id = str(image.id())
             except rbd.ImageNotFound:
                 point = None
         if point is None:
             raise OperationInFlight(f"snapshot {entry_id.encode()!r} is still being created; retry")
-        return Parent(io, name, name, size)
+        # The restore point's size, not the head's: a snapshot image is never resized, so they agree.
+        return Parent(io, name, name, size, image_id)
 
     def _clone_volume(self, session: Session, source_io: rados.Ioctx, pool: str, entry_id: VolumeId,
-                      io: rados.Ioctx, request: CreateRequest, record: Record) -> int:
-        """Clone the source volume at a temporary snapshot, under its lease; the target size."""
+                      io: rados.Ioctx, request: CreateRequest, record: Record) -> tuple[int, int]:
+        """Clone the source volume at a temporary snapshot, under its lease; (the target size, the
+        size cloned: the source's now)."""
         journal = sources.volume_journal(source_io, self.instance_id, self.lock_seconds)
         temp = f"{layering.TEMP_SNAP_PREFIX}{record.uuid}"
         with sources.hold_source(journal, entry_id.object_uuid) as source_record, \
                 ceph_call("clone source volume", f"image {source_record.image_name!r}"), \
                 rbd.Image(source_io, source_record.image_name) as source:
-            size = target_size(request, int(source.size()))
+            cloned = int(source.size())
+            size = target_size(request, cloned)
             sources.sweep_temporaries(source, source_record.image_name, keep=temp)
             flatten.limit_snapshots(session, source, flatten.Placement(
                 pool, source_io.get_namespace(), source_record.image_name), self.policy)
             layering.ensure_snap(source, temp)
             failpoints.reach("clone.after-source-snap")
             layering.clone(source_io, source_record.image_name, temp, io, record.image_name,
-                           self._features(request), request.parameters.data_pool or None)
+                           self._features(request), request.parameters.data_pool or None,
+                           parent_id=str(source.id()))
             layering.remove_snap(source, temp)
-        return size
+        return size, cloned
 
     def _drop_temporary(self, session: Session, source: ContentSource, record: Record) -> None:
         """Remove the clone's temporary snapshot from its source volume if still there."""
@@ -190,23 +197,30 @@ class Cloner:
         except NotFound:
             pass  # the source is gone; its temporary snapshot went with it
 
-    def _finish(self, session: Session, io: rados.Ioctx, request: CreateRequest, name: str, size: int) -> tuple[str, int]:
+    def _finish(self, session: Session, io: rados.Ioctx, request: CreateRequest, name: str, size: int,
+                cloned: int | None = None) -> tuple[str, int]:
         """Grow the clone to `size` (a retry after a crash before the resize does it), apply the
-        flatten policy, and return (image id, size)."""
-        with ceph_call("open cloned image", f"image {name!r}"), rbd.Image(io, name) as image:
-            current = int(image.size())
-            if current < size:
-                log.info("growing the clone to the requested size", extra=fields(image=name, bytes=size))
-                image.resize(size)
-                current = size
-            if not fits(current, request.required_bytes, request.limit_bytes):
-                raise AlreadyExists(f"volume {request.name!r} already exists with {current} bytes, which does not fit "
-                                    f"the requested range [{request.required_bytes}, {request.limit_bytes or 'unbounded'}]")
-            image_id = str(image.id())
-            flatten.after_create(session, image, flatten.Placement(request.parameters.pool, io.get_namespace(), name),
-                                 self.policy)
+        flatten policy, and return (image id, size). `cloned`: the size this call just cloned it
+        with; when that is already `size` (the usual restore or clone), nothing needs the image
+        open: its id is one read of `rbd_id.<name>` and its depth is read from the headers."""
+        if cloned is not None and cloned >= size:
+            current = cloned
+            image_id = images.lookup_id(io, name) or ""
+        else:
+            with ceph_call("open cloned image", f"image {name!r}"), rbd.Image(io, name) as image:
+                current = int(image.size())
+                if current < size:
+                    log.info("growing the clone to the requested size", extra=fields(image=name, bytes=size))
+                    image.resize(size)
+                    current = size
+                image_id = str(image.id())
+        if not fits(current, request.required_bytes, request.limit_bytes):
+            raise AlreadyExists(f"volume {request.name!r} already exists with {current} bytes, which does not fit "
+                                f"the requested range [{request.required_bytes}, {request.limit_bytes or 'unbounded'}]")
         if not image_id:
             raise Internal(f"image {name!r} has no id right after it was cloned; retry")
+        flatten.after_create(session, io, image_id, flatten.Placement(request.parameters.pool, io.get_namespace(), name),
+                             self.policy)
         return image_id, current
 
 

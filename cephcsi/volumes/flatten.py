@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import rados
 import rbd
 
 from cephcsi.ceph import layering
@@ -66,9 +67,10 @@ class Placement:
     name: str
 
 
-def after_create(session: Session, image: rbd.Image, where: Placement, policy: FlattenPolicy) -> int:
-    """Queue a background flatten if the new image is deeper than the soft limit; its depth."""
-    chain = layering.depth(session, image)
+def after_create(session: Session, io: rados.Ioctx, image_id: str, where: Placement, policy: FlattenPolicy) -> int:
+    """Queue a background flatten if the new image is deeper than the soft limit; its depth
+    (read from the headers of its chain: no image is opened)."""
+    chain = layering.depth(session, io, image_id)
     if chain > policy.soft_depth:
         log.info("clone chain over the soft limit; flattening in the background",
                  extra=fields(image=where.name, depth=chain, soft_limit=policy.soft_depth))

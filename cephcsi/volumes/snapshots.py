@@ -26,16 +26,17 @@ from dataclasses import dataclass
 import rados
 import rbd
 
-from cephcsi.ceph import layering
+from cephcsi.ceph import images, layering
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.errors import ceph_call
-from cephcsi.errors import AlreadyExists, InvalidArgument, NotFound, OperationInFlight
+from cephcsi.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, OperationInFlight
 from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import failpoints, flatten, sources
 from cephcsi.volumes.journal import SOURCE, Journal, Record
 from cephcsi.volumes.manager import VolumeManager
+from cephcsi.volumes.split_journal import parse_name_value
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,14 @@ class SnapshotManager:
             for _ in range(2):
                 uuid = snapshots.reserve(request.name, VolumeId.new_uuid())
                 failpoints.reach("snapshot.after-reserve")
+                if parse_name_value(uuid, f"snapshot name key of {request.name!r} in pool {pool!r}").elsewhere(
+                        io.get_pool_id()):
+                    # ceph-csi's snapshot journal takes the same <pool id>/<uuid> form when the
+                    # source's journal pool differs from its pool; that snapshot lives elsewhere.
+                    raise FailedPrecondition(
+                        f"snapshot {request.name!r} was journaled by ceph-csi in pool {pool!r} for a snapshot in "
+                        f"another pool ({uuid!r}); cephcsi does not serve such snapshots"
+                    )
                 with snapshots.locked(uuid):
                     if snapshots.lookup(request.name) != uuid:
                         snapshots.discard_orphan(uuid)
@@ -173,6 +182,8 @@ class SnapshotManager:
 
     @staticmethod
     def _has_restore_point(io: rados.Ioctx, name: str) -> bool:
+        if images.lookup_id(io, name) is None:
+            return False  # no image yet (the usual case on a first call): one read, not an open
         with ceph_call("open snapshot image", f"image {name!r}"):
             try:
                 with rbd.Image(io, name, read_only=True) as image:
@@ -202,7 +213,7 @@ class SnapshotManager:
             # deep-flatten: a background flatten must also free the restore point from the source.
             features = source.features() | rbd.RBD_FEATURE_LAYERING | rbd.RBD_FEATURE_DEEP_FLATTEN
             layering.clone(io, source_record.image_name, temp, io, record.image_name, features,
-                           _data_pool(session, source, io))
+                           _data_pool(session, source, io), parent_id=str(source.id()))
             failpoints.reach("snapshot.after-clone")
             layering.remove_snap(source, temp)
 
@@ -239,12 +250,14 @@ class SnapshotManager:
         name = record.image_name
         with ceph_call("open snapshot image", f"image {name!r}"), rbd.Image(io, name, read_only=True) as image:
             size = int(image.size())
-            if queue:
-                chain = flatten.after_create(session, image, flatten.Placement(pool, io.get_namespace(), name), self.policy)
-            else:
-                chain = layering.depth(session, image)
-            if not record.image_id:
-                snapshots.set_image_id(record.uuid, str(image.id()))
+            image_id = str(image.id())
+        if queue:
+            chain = flatten.after_create(session, io, image_id, flatten.Placement(pool, io.get_namespace(), name),
+                                         self.policy)
+        else:
+            chain = layering.depth(session, io, image_id)
+        if not record.image_id:
+            snapshots.set_image_id(record.uuid, image_id)
         created = float(record.get(CREATED) or time.time())
         snapshot_id = VolumeId(sources.decode(record.get(SOURCE_VOLUME_ID), "source volume").cluster_id,
                                io.get_pool_id(), record.uuid).encode()
@@ -294,7 +307,9 @@ class SnapshotManager:
 
     def all_in_pool(self, session: Session, io: rados.Ioctx, pool: str) -> list[Snapshot]:
         _, snapshots = self._journals(io)
-        found = [self.describe(session, io, pool, uuid) for uuid in sorted(set(snapshots.uuids().values()))]
+        # A value of ceph-csi's <pool id>/<uuid> form names a snapshot in another pool: not listed here.
+        plain = {uuid for uuid in snapshots.uuids().values() if "/" not in uuid}
+        found = [self.describe(session, io, pool, uuid) for uuid in sorted(plain)]
         return [s for s in found if s is not None]
 
 
