@@ -9,16 +9,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cephcsi.audit.model import Finding, Fix, Kind, RecordView, Snapshot, TrashView
+from cephcsi.audit.model import RECORD_PREFIXES, Finding, Fix, JournalType, Kind, RecordView, Snapshot, TrashView
 from cephcsi.ceph.imagestate import TrashState
 
 NO_KUBE = "no --kubeconfig given, so no PV can be ruled out"
 
 
 def classify(snap: Snapshot) -> list[Finding]:
+    # Imported here: classify_snaps builds on the rules below (it judges the snapshot journal
+    # with this module's journal rules).
+    from cephcsi.audit import classify_snaps
+
     findings = [
         *journal_findings(snap),
+        *classify_snaps.snapshot_journal_findings(snap),
         *image_findings(snap),
+        *classify_snaps.temp_snapshot_findings(snap),
         *trash_findings(snap),
         *pv_findings(snap),
     ]
@@ -73,6 +79,11 @@ def _split_findings(snap: Snapshot) -> list[Finding]:
 
 
 def journal_findings(snap: Snapshot) -> list[Finding]:
+    """The findings of the journal `snap.journal` names, each tagged with it."""
+    return [replace(f, journal=snap.journal) for f in _journal_findings(snap)]
+
+
+def _journal_findings(snap: Snapshot) -> list[Finding]:
     found: list[Finding] = _split_findings(snap)
     for name, uuid in sorted(snap.name_keys.items()):
         record = snap.records.get(uuid)
@@ -115,7 +126,7 @@ def _dangling_record(snap: Snapshot, record: RecordView) -> list[Finding]:
 
 
 def _orphan_record(snap: Snapshot, record: RecordView) -> Finding:
-    subject = f"csi.volume.{record.uuid}"
+    subject = f"{RECORD_PREFIXES[snap.journal]}{record.uuid}"
     if not record.name:
         return Finding(Kind.ORPHAN_RECORD, subject, "empty journal record object (a lock left by a killed "
                        "create) that no name key points at", uuid=record.uuid, fix=Fix.REMOVE_RECORD)
@@ -132,8 +143,17 @@ def _orphan_record(snap: Snapshot, record: RecordView) -> Finding:
 
 
 def _claimed_images(snap: Snapshot) -> set[str]:
-    records = [*snap.records.values(), *snap.split_records.values()]
+    records = [*snap.records.values(), *snap.split_records.values(), *snap.snap_journal.records.values()]
     return {r.image_name for r in records if r.name and r.image_name}
+
+
+def image_owner(snap: Snapshot, name: str) -> tuple[JournalType | None, str]:
+    """(journal, uuid) of a name the driver would give a volume or snapshot image; (None, '')."""
+    uuid = snap.uuid_of(name)
+    if uuid:
+        return JournalType.VOLUME, uuid
+    uuid = snap.snap_journal.uuid_of(name)
+    return (JournalType.SNAPSHOT, uuid) if uuid else (None, "")
 
 
 def image_findings(snap: Snapshot) -> list[Finding]:
@@ -143,31 +163,40 @@ def image_findings(snap: Snapshot) -> list[Finding]:
     claimed = _claimed_images(snap)
     for name in sorted(set(snap.directory) | set(snap.id_objects)):
         image_id = snap.directory.get(name) or snap.id_objects.get(name, "")
-        uuid = snap.uuid_of(name)
+        journal, uuid = image_owner(snap, name)
         if image_id in trash:
             continue  # a trash move in progress or interrupted: judged with the trash
         if image_id not in snap.headers:
-            found.append(_partial_create(name, image_id, uuid))
-        elif uuid and name not in claimed and name in snap.id_objects:
-            found.append(_orphan_image(snap, name, image_id, uuid))
+            found.append(_partial_create(name, image_id, uuid, journal))
+        elif uuid and journal and name not in claimed and name in snap.id_objects:
+            found.append(replace(_orphan_image(snap, name, image_id, uuid, journal), journal=journal))
     reachable = set(snap.directory.values()) | set(snap.id_objects.values()) | set(trash)
     for image_id in sorted(snap.headers - reachable):
         found.append(Finding(Kind.STRAY_HEADER, f"rbd_header.{image_id}", "image header with no name and no "
-                             "trash entry (it may hold data)", image_id=image_id, ours=False,
+                             "trash entry (it may hold data)", image_id=image_id, ours=False, journal=None,
                              why_not="holds data and names no owner; inspect it with `rados listomapvals`"))
     return found
 
 
-def _partial_create(name: str, image_id: str, uuid: str) -> Finding:
+def _partial_create(name: str, image_id: str, uuid: str, journal: JournalType | None) -> Finding:
     return Finding(Kind.PARTIAL_CREATE, name, f"directory entry or id object (id {image_id or '?'}) without an "
                    "image header: the debris of a create that was killed (holds no data)",
-                   uuid=uuid, image_name=name, image_id=image_id, ours=bool(uuid),
+                   uuid=uuid, image_name=name, image_id=image_id, ours=bool(uuid), journal=journal,
                    fix=Fix.REMOVE_PARTIAL if uuid else None,
                    why_not="" if uuid else "not named like this driver's images")
 
 
-def _orphan_image(snap: Snapshot, name: str, image_id: str, uuid: str) -> Finding:
-    detail = "image named like this driver's with no journal record"
+READ_THROUGH = "restored or cloned volumes read through its snapshots: it is never moved or removed"
+
+
+def _orphan_image(snap: Snapshot, name: str, image_id: str, uuid: str, journal: JournalType) -> Finding:
+    what = "snapshot image" if journal is JournalType.SNAPSHOT else "image"
+    detail = f"{what} named like this driver's with no journal record"
+    children = snap.image_snaps.get(image_id)
+    if children is not None and children.has_children:
+        # Moving it would leave its clones reading through a trashed image that nothing owns.
+        return Finding(Kind.ORPHAN_IMAGE, name, f"{detail} (a clone parent)", uuid=uuid, image_name=name,
+                       image_id=image_id, why_not=READ_THROUGH)
     if snap.pvs is None:
         return Finding(Kind.ORPHAN_IMAGE, name, detail, uuid=uuid, image_name=name, image_id=image_id,
                        why_not=NO_KUBE)
@@ -179,20 +208,25 @@ def _orphan_image(snap: Snapshot, name: str, image_id: str, uuid: str) -> Findin
                    image_name=name, image_id=image_id, fix=Fix.TRASH_ORPHAN)
 
 
-def _owner_uuid(snap: Snapshot, entry: TrashView) -> str:
-    """The journal uuid a trash entry belongs to: from its name, or a record holding its id."""
-    uuid = snap.uuid_of(entry.name)
+def _owner_uuid(snap: Snapshot, entry: TrashView) -> tuple[JournalType | None, str]:
+    """The journal and uuid a trash entry belongs to: from its name, or a record holding its id."""
+    journal, uuid = image_owner(snap, entry.name)
     if uuid:
-        return uuid
-    return next((r.uuid for r in snap.records.values() if r.image_id and r.image_id == entry.image_id), "")
+        return journal, uuid
+    for journal, records in ((JournalType.VOLUME, snap.records), (JournalType.SNAPSHOT, snap.snap_journal.records)):
+        uuid = next((r.uuid for r in records.values() if r.image_id and r.image_id == entry.image_id), "")
+        if uuid:
+            return journal, uuid
+    return None, ""
 
 
 def trash_findings(snap: Snapshot) -> list[Finding]:
     found: list[Finding] = []
     for entry in snap.trash:
-        finding = _trash_finding(snap, entry, _owner_uuid(snap, entry))
+        journal, uuid = _owner_uuid(snap, entry)
+        finding = _trash_finding(snap, entry, uuid)
         if finding is not None:
-            found.append(finding)
+            found.append(replace(finding, journal=journal))
     return found
 
 

@@ -30,6 +30,20 @@ class Kind(str, enum.Enum):
     STRAY_HEADER = "stray-header"
     PV_IMAGE_GONE = "pv-image-gone"
     IMAGE_WITHOUT_PV = "image-without-pv"
+    TEMP_SNAPSHOT = "temp-snapshot"
+    """A `cephcsi-tmp-*` RBD snapshot on a volume, left by a killed CreateSnapshot or clone."""
+    UNFINISHED_SNAPSHOT = "unfinished-snapshot"
+    """A journaled snapshot image without its restore point: a CreateSnapshot killed after the clone."""
+
+
+class JournalType(str, enum.Enum):
+    """Which of the driver's two journals a finding is about (`journal` in `--json`)."""
+
+    VOLUME = "volume"
+    SNAPSHOT = "snapshot"
+
+
+RECORD_PREFIXES = {JournalType.VOLUME: "csi.volume.", JournalType.SNAPSHOT: "csi.snap."}
 
 
 class Fix(str, enum.Enum):
@@ -41,6 +55,7 @@ class Fix(str, enum.Enum):
     PURGE = "queue-trash-purge"
     REMOVE_PARTIAL = "remove-partial-create"
     TRASH_ORPHAN = "move-orphan-to-trash"
+    REMOVE_TEMP_SNAP = "remove-temporary-snapshot"
 
 
 class Outcome(str, enum.Enum):
@@ -62,6 +77,8 @@ class RecordView:
     image_id: str = ""
     journal_pool: str = ""
     """ceph-csi's csi.journalpool (16 hex digits): the pool of the name key, when not this one."""
+    source_image: str = ""
+    """Snapshot records: csi.source, the image of the volume the snapshot was cut from."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +134,35 @@ class PVView:
 
 
 @dataclass(frozen=True)
+class ImageSnaps:
+    """What one image's header says about its RBD snapshots (read from its omap, no open)."""
+
+    names: tuple[str, ...] = ()
+    """Names of its snapshots; those in the trash namespace carry librbd's uuid names."""
+    has_children: bool = False
+    """Some snapshot of it has clone v2 children: restored or cloned images read through it."""
+
+
+@dataclass(frozen=True)
+class SnapJournalView:
+    """The snapshot journal (`csi.snaps.<instance>` → `csi.snap.<uuid>`) of the pool, as read."""
+
+    prefix: str = "csi-snap-"
+    """VolumeSnapshotClass snapshotNamePrefix: images named prefix + uuid count as snapshot images."""
+    name_keys: Mapping[str, str] = field(default_factory=dict)
+    foreign_uuids: frozenset[str] = frozenset()
+    """uuids that other instances' directories name, or that ceph-csi journaled for another pool."""
+    malformed_keys: Mapping[str, str] = field(default_factory=dict)
+    records: Mapping[str, RecordView] = field(default_factory=dict)
+
+    def uuid_of(self, image_name: str) -> str:
+        if not image_name.startswith(self.prefix):
+            return ""
+        rest = image_name[len(self.prefix):]
+        return rest if _UUID.match(rest) else ""
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything one audit read about a pool (namespace), taken without any lock: it may
     catch an operation in flight, which is why every repair re-checks under the journal lock."""
@@ -150,6 +196,15 @@ class Snapshot:
     now: float = 0.0
     notes: tuple[str, ...] = ()
     """What could not be read (and so was not judged)."""
+    journal: JournalType = JournalType.VOLUME
+    """Which journal `name_keys` and `records` are: the snapshot rules judge a view of the
+    snapshot journal in this same shape (cephcsi.audit.classify_snaps)."""
+    snap_journal: SnapJournalView = field(default_factory=SnapJournalView)
+    image_snaps: Mapping[str, ImageSnaps] = field(default_factory=dict)
+    """Live images that have RBD snapshots, by image id."""
+    leases_held: frozenset[str] = frozenset()
+    """Journal record objects (`csi.volume.<uuid>`, `csi.snap.<uuid>`) whose lease a call holds
+    right now: what they guard is in the middle of a call, not debris."""
 
     def uuid_of(self, image_name: str) -> str:
         """The journal uuid in a name this driver would give an image, or ''."""
@@ -213,6 +268,11 @@ class Finding:
     why_not: str = ""
     owner: ImageOwner | None = None
     """The claim the finding's image carries in its metadata, when it is readable and has any."""
+    journal: JournalType | None = JournalType.VOLUME
+    """The journal whose entry the finding is about; None for objects of neither (a stray
+    header, an image or trash entry not named like the driver's)."""
+    rbd_snapshot: str = ""
+    """The RBD snapshot (on `image_name`) the finding is about, for temp-snapshot."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """`--repair`: fix what is provably this driver's and safe to fix, one finding at a time.
 
-Every repair runs under the volume's cross-process journal lock (`Journal.locked`), the same
-lock CreateVolume and DeleteVolume hold, and re-reads the state under it first: the snapshot
+Every repair runs under the entry's cross-process journal lock (`Journal.locked`), the same
+lock the driver's calls hold: a volume's (CreateVolume, DeleteVolume, and every snapshot or
+clone while it cuts a temporary snapshot on it) or a snapshot's (CreateSnapshot,
+DeleteSnapshot). It re-reads the state under it first: the snapshot
 may have caught a create or delete in flight, and the driver may have finished it since. What
 the re-check no longer finds is reported as resolved, never "fixed" blindly.
 
@@ -9,7 +11,10 @@ Data is never destroyed by a repair: a partial create has no header (so no data)
 entry is purged only when the driver had already decided to delete it (it is in the trash
 under our name), a record is removed only once its image is gone or queued for purging, and
 an orphan image goes to the trash with a deferment (recoverable with `rbd trash restore`) and
-only with `--repair-orphan-images`.
+only with `--repair-orphan-images`; an image that clones read through (a snapshot image with
+restored volumes) is never moved or removed. A temporary snapshot is removed only under its
+volume's lease, as the driver's own sweep does; if a clone reads through it, it moves to the
+trash namespace and stays as long as that clone needs it.
 """
 from __future__ import annotations
 
@@ -22,21 +27,23 @@ from dataclasses import dataclass
 import rados
 import rbd
 
-from cephcsi.audit.model import Finding, Fix, Kind, Outcome, Repair, Snapshot
+from cephcsi.audit.model import Finding, Fix, JournalType, Kind, Outcome, Repair, Snapshot
 from cephcsi.audit.scan import decode_deferment
-from cephcsi.ceph import imagestate, omap, trash
+from cephcsi.ceph import imagestate, layering, omap, trash
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.ceph.imagestate import ImageState, TrashState
 from cephcsi.errors import CephCSIError, OperationInFlight
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import dependents
-from cephcsi.volumes.journal import VOLUMES, Journal
+from cephcsi.volumes.journal import Journal
 
 log = logging.getLogger(__name__)
 
 # Order of work: debris and trash first, so a record's repair then finds its image gone or queued.
-ORDER = (Fix.REMOVE_PARTIAL, Fix.FINISH_MOVE, Fix.PURGE, Fix.TRASH_ORPHAN, Fix.REMOVE_RECORD, Fix.RELEASE_KEY)
+# Temporary snapshots first, while the entries that name the calls which left them still exist.
+ORDER = (Fix.REMOVE_TEMP_SNAP, Fix.REMOVE_PARTIAL, Fix.FINISH_MOVE, Fix.PURGE, Fix.TRASH_ORPHAN, Fix.REMOVE_RECORD,
+         Fix.RELEASE_KEY)
 
 
 class _Resolved(Exception):
@@ -57,6 +64,12 @@ class RepairContext:
     inline: trash.InlinePurges
     allow_orphan_images: bool = False
     orphan_deferment_seconds: int = 7 * 24 * 3600
+    snap_journal: Journal | None = None
+    """The snapshot journal; None: snapshot findings are skipped."""
+
+    def journal_of(self, finding: Finding) -> Journal | None:
+        """The journal whose lease guards the finding's entry (`finding.uuid`)."""
+        return self.snap_journal if finding.journal is JournalType.SNAPSHOT else self.journal
 
 
 def repair_all(ctx: RepairContext, findings: list[Finding]) -> list[Repair]:
@@ -74,6 +87,8 @@ def _precondition(ctx: RepairContext, finding: Finding) -> str:
         return "orphan images are moved to the trash only with --repair-orphan-images"
     if not finding.uuid:
         return "no journal uuid to lock the volume with"
+    if ctx.journal_of(finding) is None:
+        return "no journal to lock the entry with"
     return ""
 
 
@@ -82,8 +97,10 @@ def repair_one(ctx: RepairContext, finding: Finding) -> Repair:
     if reason:
         return Repair(finding, Outcome.SKIPPED, reason)
     assert finding.fix is not None
+    journal = ctx.journal_of(finding)
+    assert journal is not None
     try:
-        with _holding(ctx, finding.uuid):
+        with _holding(ctx, journal, finding.uuid):
             action = ACTIONS[finding.fix](ctx, finding)
         repair = Repair(finding, Outcome.REPAIRED, action)
     except _Resolved as why:
@@ -101,15 +118,15 @@ def repair_one(ctx: RepairContext, finding: Finding) -> Repair:
 
 
 @contextmanager
-def _holding(ctx: RepairContext, uuid: str) -> Iterator[None]:
-    with ctx.journal.locked(uuid):
+def _holding(ctx: RepairContext, journal: Journal, uuid: str) -> Iterator[None]:
+    with journal.locked(uuid):
         try:
             yield
         finally:
             # cls_lock created the record object if it was missing: leave no empty one behind
             # (an empty record reads as absent either way, so this changes no outcome).
-            if omap.read(ctx.io, f"{VOLUMES.record_prefix}{uuid}") == {}:
-                ctx.journal.discard_orphan(uuid)
+            if omap.read(ctx.io, f"{journal.kind.record_prefix}{uuid}") == {}:
+                journal.discard_orphan(uuid)
 
 
 def _inspect(ctx: RepairContext, finding: Finding) -> ImageState:
@@ -156,8 +173,14 @@ def _finish_trash(ctx: RepairContext, finding: Finding) -> str:
     return _take_out(ctx, state)
 
 
+def _journal(ctx: RepairContext, finding: Finding) -> Journal:
+    journal = ctx.journal_of(finding)
+    assert journal is not None  # checked by _precondition
+    return journal
+
+
 def _remove_record(ctx: RepairContext, finding: Finding) -> str:
-    journal = ctx.journal
+    journal = _journal(ctx, finding)
     record = journal.read(finding.uuid)
     if record is None:
         return "removed the empty record object" if not finding.name else "record already gone"
@@ -175,26 +198,57 @@ def _remove_record(ctx: RepairContext, finding: Finding) -> str:
 
 
 def _release_key(ctx: RepairContext, finding: Finding) -> str:
-    if ctx.journal.lookup(finding.name) != finding.uuid:
+    journal = _journal(ctx, finding)
+    if journal.lookup(finding.name) != finding.uuid:
         raise _Resolved("the name key changed")
-    if ctx.journal.read(finding.uuid) is not None:
+    if journal.read(finding.uuid) is not None:
         raise _Resolved("the record exists now")
-    ctx.journal.release_name(finding.name, finding.uuid)
+    journal.release_name(finding.name, finding.uuid)
     return "released the name key"
 
 
 def _trash_orphan(ctx: RepairContext, finding: Finding) -> str:
-    record = ctx.journal.read(finding.uuid)
+    record = _journal(ctx, finding).read(finding.uuid)
     if record is not None and record.image_name == finding.image_name:
         raise _Resolved("the journal names the image now")
     state = imagestate.inspect(ctx.io, finding.image_name)
     if not state.live:
         raise _Resolved("no longer a live image")
     trash.require_unused(ctx.io, finding.image_name)
+    if _has_clones(ctx.io, finding.image_name):
+        raise _Refused("restored or cloned volumes read through it")
     with ceph_call("move orphan image to trash", f"image {finding.image_name!r}"):
         rbd.RBD().trash_move(ctx.io, finding.image_name, ctx.orphan_deferment_seconds)
     until = _utc(time.time() + ctx.orphan_deferment_seconds)
     return f"moved to the trash as id {state.image_id}; `rbd trash restore` brings it back (kept until {until})"
+
+
+def _has_clones(io: rados.Ioctx, name: str) -> bool:
+    with ceph_call("list clones", f"image {name!r}"):
+        try:
+            with rbd.Image(io, name, read_only=True) as image:
+                return bool(layering.children_of(image))
+        except rbd.ImageNotFound:
+            return False
+
+
+def _remove_temp_snap(ctx: RepairContext, finding: Finding) -> str:
+    """Under the volume's lease, which every call holds while its temporary snapshot exists:
+    one found now belongs to a call that was killed (cephcsi.volumes.sources.sweep_temporaries)."""
+    record = ctx.journal.read(finding.uuid)
+    if record is None or record.image_name != finding.image_name:
+        raise _Resolved("the volume's journal entry no longer names this image")
+    if not finding.rbd_snapshot.startswith(layering.TEMP_SNAP_PREFIX):
+        raise _Refused(f"{finding.rbd_snapshot!r} is not a temporary snapshot")
+    with ceph_call("remove temporary snapshot", f"image {finding.image_name!r}"):
+        try:
+            with rbd.Image(ctx.io, finding.image_name) as image:
+                if layering.user_snap(image, finding.rbd_snapshot) is None:
+                    raise _Resolved("the temporary snapshot is gone")
+                layering.remove_snap(image, finding.rbd_snapshot)
+        except rbd.ImageNotFound:
+            raise _Resolved("the volume's image is gone") from None
+    return "removed the temporary snapshot (a clone made from it keeps it in the trash namespace while it needs it)"
 
 
 def _deferred_until(io: rados.Ioctx, image_id: str) -> float:
@@ -214,4 +268,5 @@ ACTIONS: dict[Fix, Callable[[RepairContext, Finding], str]] = {
     Fix.REMOVE_RECORD: _remove_record,
     Fix.RELEASE_KEY: _release_key,
     Fix.TRASH_ORPHAN: _trash_orphan,
+    Fix.REMOVE_TEMP_SNAP: _remove_temp_snap,
 }

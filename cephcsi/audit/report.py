@@ -19,6 +19,7 @@ class Scope:
     instance_id: str
     prefix: str
     kubernetes: bool
+    snapshot_prefix: str = "csi-snap-"
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,17 @@ def to_json(result: AuditResult) -> str:
             "image_id": finding.image_id, "ours": finding.ours,
             "fix": finding.fix.value if finding.fix else None, "why_not": finding.why_not,
             "owner": _owner_json(finding.owner),
+            # Added beside the original fields (none renamed): which journal the entry is in,
+            # and the RBD snapshot a temp-snapshot finding names.
+            "journal": finding.journal.value if finding.journal else None,
+            "rbd_snapshot": finding.rbd_snapshot,
             "repair": None if repair is None else {"outcome": repair.outcome.value, "action": repair.action},
         })
     scope = result.scope
     doc = {
         "cluster_id": scope.cluster_id, "pool": scope.pool, "rados_namespace": scope.namespace,
-        "instance_id": scope.instance_id, "volume_name_prefix": scope.prefix, "kubernetes": scope.kubernetes,
+        "instance_id": scope.instance_id, "volume_name_prefix": scope.prefix,
+        "snapshot_name_prefix": scope.snapshot_prefix, "kubernetes": scope.kubernetes,
         "repaired": result.repairs is not None, "clean": result.clean,
         "counts": dict(Counter(f.kind.value for f in result.findings)),
         "findings": items, "notes": list(result.notes),
@@ -101,11 +107,14 @@ def to_table(result: AuditResult) -> str:
         return "\n".join(lines) + "\n"
     repairs = _repair_of(result)
     kind_width = max(len("KIND"), *(len(f.kind.value) for f in result.findings))
+    journal_width = len("SNAPSHOT")
     subject_width = min(48, max(len("SUBJECT"), *(len(f.subject) for f in result.findings)))
-    lines.append(f"{'KIND':<{kind_width}}  {'SUBJECT':<{subject_width}}  DETAIL")
-    indent = " " * (kind_width + subject_width + 4)
+    lines.append(f"{'KIND':<{kind_width}}  {'JOURNAL':<{journal_width}}  {'SUBJECT':<{subject_width}}  DETAIL")
+    indent = " " * (kind_width + journal_width + subject_width + 6)
     for finding in result.findings:
-        lines.append(f"{finding.kind.value:<{kind_width}}  {finding.subject:<{subject_width}}  {finding.detail}")
+        journal = finding.journal.value if finding.journal else "-"
+        lines.append(f"{finding.kind.value:<{kind_width}}  {journal:<{journal_width}}  "
+                     f"{finding.subject:<{subject_width}}  {finding.detail}")
         if finding.owner is not None:
             lines.append(f"{indent}owner: {finding.owner.text}")
         lines.append(f"{indent}-> {_repair_line(finding, repairs.get(finding))}")

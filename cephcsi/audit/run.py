@@ -18,8 +18,9 @@ from cephcsi.ceph.connection import ConnectionCache
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.settings import CephSettings
-from cephcsi.volumes.journal import VOLUMES, Journal
+from cephcsi.volumes.journal import SNAPSHOTS, VOLUMES, Journal
 from cephcsi.volumes.parameters import DEFAULT_PREFIX
+from cephcsi.volumes.snapshots import DEFAULT_PREFIX as DEFAULT_SNAPSHOT_PREFIX
 
 DRIVER_NAME = "rbd.csi.ceph.com"
 
@@ -34,6 +35,8 @@ class AuditOptions:
     """None: the cluster's radosNamespace from config.json (what the driver uses)."""
     instance_id: str = "default"
     prefix: str = DEFAULT_PREFIX
+    snapshot_prefix: str = DEFAULT_SNAPSHOT_PREFIX
+    """VolumeSnapshotClass snapshotNamePrefix: what names snapshot images."""
     kubeconfig: str = ""
     driver_name: str = DRIVER_NAME
     list_images: bool = False
@@ -60,7 +63,7 @@ def audit(options: AuditOptions) -> AuditResult:
                 pvs = list_pvs(options.kubeconfig, options.driver_name, options.cluster_id, io.get_pool_id(),
                                options.pool)
             snapshot = read_snapshot(session, io, options.pool, options.instance_id, options.prefix, pvs,
-                                     options.ceph.mon_op_timeout)
+                                     options.ceph.mon_op_timeout, options.snapshot_prefix)
             findings, images, notes = _with_owners(io, snapshot, classify(snapshot), options.list_images)
             repairs = None
             if options.repair:
@@ -70,10 +73,11 @@ def audit(options: AuditOptions) -> AuditResult:
                     snapshot=snapshot, inline=trash.InlinePurges(options.inline_purge_seconds),
                     allow_orphan_images=options.repair_orphan_images,
                     orphan_deferment_seconds=options.orphan_deferment_seconds,
+                    snap_journal=Journal(io, options.instance_id, SNAPSHOTS, lock_seconds=options.journal_lock_seconds),
                 )
                 repairs = tuple(repair_all(context, findings))
             scope = Scope(options.cluster_id, options.pool, io.get_namespace(), options.instance_id,
-                          options.prefix, pvs is not None)
+                          options.prefix, pvs is not None, options.snapshot_prefix)
             return AuditResult(scope, tuple(findings), repairs, snapshot.notes + notes, images)
     finally:
         connections.close_all()

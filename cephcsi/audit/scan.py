@@ -17,14 +17,24 @@ from dataclasses import dataclass
 
 import rados
 
-from cephcsi.audit.model import ImageOwner, PurgeTask, PVView, RecordView, RemoteKeyView, Snapshot, TrashView
+from cephcsi.audit import scan_snaps
+from cephcsi.audit.model import (
+    ImageOwner,
+    PurgeTask,
+    PVView,
+    RecordView,
+    RemoteKeyView,
+    SnapJournalView,
+    Snapshot,
+    TrashView,
+)
 from cephcsi.ceph import image_metadata, imagestate, omap
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import CephCSIError, Internal
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import dependents, split_journal
-from cephcsi.volumes.journal import IMAGE_ID, IMAGE_NAME, VOLUMES
+from cephcsi.volumes.journal import IMAGE_ID, IMAGE_NAME, SNAPSHOTS, SOURCE, VOLUMES, JournalKind
 from cephcsi.volumes.split_journal import JOURNAL_POOL, NameValue, encode_pool_id, parse_name_value, parse_pool_id
 
 log = logging.getLogger(__name__)
@@ -61,21 +71,21 @@ class JournalKeys:
     malformed: dict[str, str]
 
 
-def read_journal(io: rados.Ioctx, names: list[str], instance_id: str) -> JournalKeys:
-    ours = f"{VOLUMES.directory_prefix}{instance_id}"
+def read_journal(io: rados.Ioctx, names: list[str], instance_id: str, kind: JournalKind = VOLUMES) -> JournalKeys:
+    ours = f"{kind.directory_prefix}{instance_id}"
     own_id = io.get_pool_id()
     keys: dict[str, str] = {}
     remote: dict[str, NameValue] = {}
     malformed: dict[str, str] = {}
     foreign: set[str] = set()
     for obj in names:
-        if not obj.startswith(VOLUMES.directory_prefix):
+        if not obj.startswith(kind.directory_prefix):
             continue
         values = omap.read(io, obj) or {}
         for key, raw in values.items():
-            if not key.startswith(VOLUMES.name_key_prefix):
+            if not key.startswith(kind.name_key_prefix):
                 continue
-            name = key[len(VOLUMES.name_key_prefix):]
+            name = key[len(kind.name_key_prefix):]
             try:
                 value = parse_name_value(raw, f"{obj}/{key}")
             except CephCSIError:
@@ -163,25 +173,27 @@ def read_split(session: Session, io: rados.Ioctx, pool: str, instance_id: str, r
     return found, frozenset(named)
 
 
-def read_records(io: rados.Ioctx, names: list[str]) -> dict[str, RecordView]:
+def read_records(io: rados.Ioctx, names: list[str], kind: JournalKind = VOLUMES) -> dict[str, RecordView]:
     records: dict[str, RecordView] = {}
     for obj in names:
-        # "csi.volumes.<instance>" (directories) shares the first characters, not the dot.
-        if not obj.startswith(VOLUMES.record_prefix):
+        # "csi.volumes.<instance>" (directories) shares the first characters, not the dot;
+        # so do "csi.snaps.<instance>" and "csi.snap.<uuid>".
+        if not obj.startswith(kind.record_prefix):
             continue
         values = omap.read(io, obj)
         if values is None:
             continue  # removed since the listing
-        uuid = obj[len(VOLUMES.record_prefix):]
-        records[uuid] = _record_view(uuid, values)
+        uuid = obj[len(kind.record_prefix):]
+        records[uuid] = _record_view(uuid, values, kind)
     return records
 
 
-def _record_view(uuid: str, values: dict[str, str]) -> RecordView:
-    name = values.get(VOLUMES.name_field, "")
+def _record_view(uuid: str, values: dict[str, str], kind: JournalKind = VOLUMES) -> RecordView:
+    name = values.get(kind.name_field, "")
     # A ceph-csi record from before csi.imagename names its image implicitly (Journal.read).
-    image_name = values.get(IMAGE_NAME, "") or (f"{VOLUMES.default_image_prefix}{uuid}" if name else "")
-    return RecordView(uuid, name, image_name, values.get(IMAGE_ID, ""), values.get(JOURNAL_POOL, ""))
+    image_name = values.get(IMAGE_NAME, "") or (f"{kind.default_image_prefix}{uuid}" if name else "")
+    return RecordView(uuid, name, image_name, values.get(IMAGE_ID, ""), values.get(JOURNAL_POOL, ""),
+                      values.get(SOURCE, "") if kind is not VOLUMES else "")
 
 
 def read_id_objects(io: rados.Ioctx, names: list[str], directory: dict[str, str]) -> dict[str, str]:
@@ -229,7 +241,8 @@ def read_tasks(session: Session, pool: str, namespace: str, timeout: float) -> d
 
 
 def read_snapshot(session: Session, io: rados.Ioctx, pool: str, instance_id: str, prefix: str,
-                  pvs: tuple[PVView, ...] | None, mgr_timeout: float = 30.0) -> Snapshot:
+                  pvs: tuple[PVView, ...] | None, mgr_timeout: float = 30.0,
+                  snapshot_prefix: str = scan_snaps.DEFAULT_PREFIX) -> Snapshot:
     names = list_object_names(io)
     keys = read_journal(io, names, instance_id)
     records = read_records(io, names)
@@ -247,6 +260,19 @@ def read_snapshot(session: Session, io: rados.Ioctx, pool: str, instance_id: str
         log.warning("cannot read the mgr's task list", extra=fields(error=str(error)))
         notes.append(f"could not read the mgr's trash purge tasks ({error}); NORMAL trash entries were not judged")
         tasks = None
+    snap_keys = read_journal(io, names, instance_id, SNAPSHOTS)
+    # A `<pool id>/<uuid>` snapshot key is ceph-csi's, for a snapshot in another pool: that
+    # pool's audit judges it, so its uuid is not ours to judge here.
+    snap_journal = SnapJournalView(snapshot_prefix, snap_keys.plain,
+                                   snap_keys.foreign | {value.uuid for value in snap_keys.remote.values()},
+                                   snap_keys.malformed, read_records(io, names, SNAPSHOTS))
+    if snap_keys.remote:
+        notes.append(f"{len(snap_keys.remote)} snapshot name key(s) point into other pools (ceph-csi topology); "
+                     "not judged here")
+    headers = frozenset(obj[len(HEADER_PREFIX):] for obj in names if obj.startswith(HEADER_PREFIX))
+    trash = read_trash(io)
+    image_snaps = scan_snaps.read_image_snaps(io, directory, headers, {entry.image_id for entry in trash})
+    leases = scan_snaps.read_leases(io, scan_snaps.lease_candidates(records, snap_journal, directory, image_snaps))
     return Snapshot(
         prefix=prefix,
         name_keys=keys.plain,
@@ -258,12 +284,15 @@ def read_snapshot(session: Session, io: rados.Ioctx, pool: str, instance_id: str
         records=records,
         directory=directory,
         id_objects=read_id_objects(io, names, directory),
-        headers=frozenset(obj[len(HEADER_PREFIX):] for obj in names if obj.startswith(HEADER_PREFIX)),
-        trash=read_trash(io),
+        headers=headers,
+        trash=trash,
         tasks=tasks,
         pvs=pvs,
         now=time.time(),
         notes=tuple(notes),
+        snap_journal=snap_journal,
+        image_snaps=image_snaps,
+        leases_held=leases,
     )
 
 

@@ -22,6 +22,7 @@ from cephcsi.kube.errors import KubeError
 from cephcsi.observability import logging as cephcsi_logging
 from cephcsi.settings import CephSettings
 from cephcsi.volumes.parameters import DEFAULT_PREFIX
+from cephcsi.volumes.snapshots import DEFAULT_PREFIX as DEFAULT_SNAPSHOT_PREFIX
 
 KEY_ENV = "CEPHCSI_AUDIT_KEY"
 USAGE_ERROR = 2
@@ -47,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="journal instance id the driver runs with (its --instanceid; default %(default)s)")
     t.add_argument("--volume-name-prefix", default=DEFAULT_PREFIX,
                    help="StorageClass volumeNamePrefix (default %(default)s)")
+    t.add_argument("--snapshot-name-prefix", default=DEFAULT_SNAPSHOT_PREFIX,
+                   help="VolumeSnapshotClass snapshotNamePrefix (default %(default)s)")
     t.add_argument("--kubeconfig", default="", help="also compare with this cluster's PersistentVolumes")
     t.add_argument("--drivername", default=DRIVER_NAME, help="CSI driver name in PVs (default %(default)s)")
     c = p.add_argument_group("credentials")
@@ -95,6 +98,7 @@ def options_from(a: argparse.Namespace) -> AuditOptions:
     return AuditOptions(
         config_file=a.config_file, cluster_id=a.cluster_id, pool=a.pool, credentials=credentials,
         rados_namespace=a.rados_namespace, instance_id=a.instanceid, prefix=a.volume_name_prefix,
+        snapshot_prefix=a.snapshot_name_prefix,
         kubeconfig=a.kubeconfig, driver_name=a.drivername, list_images=a.list_images, repair=a.repair,
         repair_orphan_images=a.repair_orphan_images, orphan_deferment_seconds=int(a.orphan_trash_days * 86400),
         inline_purge_seconds=a.inline_purge_timeout,
@@ -111,6 +115,9 @@ def main(argv: Sequence[str]) -> int:
         parser.error("--repair-orphan-images needs --repair and --kubeconfig (no PV may name the image)")
     if not a.volume_name_prefix:
         parser.error("--volume-name-prefix must not be empty")
+    if not a.snapshot_name_prefix or a.snapshot_name_prefix == a.volume_name_prefix:
+        # One prefix for both would make every image both journals' to judge.
+        parser.error("--snapshot-name-prefix must be non-empty and differ from --volume-name-prefix")
     cephcsi_logging.configure(a.log_level)
     try:
         result = audit(options_from(a))

@@ -33,18 +33,19 @@ class PoolState:
 
 
 @contextmanager
-def admin_ioctx(cluster: CephTestCluster) -> Iterator[rados.Ioctx]:
+def admin_ioctx(cluster: CephTestCluster, namespace: str = "") -> Iterator[rados.Ioctx]:
     client = rados.Rados(rados_id="admin", conf={"mon_host": cluster.mon_host, "key": cluster.admin_key})
     client.connect()
     try:
         with client.open_ioctx(cluster.pool) as io:
+            io.set_namespace(namespace)
             yield io
     finally:
         client.shutdown()
 
 
-def read_pool(cluster: CephTestCluster) -> PoolState:
-    with admin_ioctx(cluster) as io:
+def read_pool(cluster: CephTestCluster, namespace: str = "") -> PoolState:
+    with admin_ioctx(cluster, namespace) as io:
         names = imagestate.directory_names(io)
         trash = imagestate.trash_entries(io)
         objects = [o.key for o in io.list_objects() if o.key.startswith(PER_IMAGE_PREFIXES)]
@@ -58,11 +59,12 @@ def read_pool(cluster: CephTestCluster) -> PoolState:
     )
 
 
-def wait_for_pool(cluster: CephTestCluster, expected: PoolState, timeout: float = 60) -> PoolState:
+def wait_for_pool(cluster: CephTestCluster, expected: PoolState, timeout: float = 60,
+                  namespace: str = "") -> PoolState:
     """The pool once it equals `expected` (the mgr purges the trash in the background)."""
     deadline = time.monotonic() + timeout
     while True:
-        state = read_pool(cluster)
+        state = read_pool(cluster, namespace)
         if state == expected or time.monotonic() > deadline:
             return state
         time.sleep(0.5)

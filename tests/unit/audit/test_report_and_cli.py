@@ -144,3 +144,32 @@ def test_repairs_run_in_dependency_order_and_gatekeep_without_touching_ceph() ->
     assert repairs[Kind.ORPHAN_IMAGE].action.startswith("orphan images are moved to the trash only with")
     assert repairs[Kind.STRAY_HEADER].action == "holds data"
     assert ORDER.index(Fix.REMOVE_PARTIAL) < ORDER.index(Fix.REMOVE_RECORD) < ORDER.index(Fix.RELEASE_KEY)
+
+
+def test_json_and_table_name_the_journal_of_each_finding() -> None:
+    from cephcsi.audit.model import JournalType
+
+    snapshot_key = Finding(Kind.DANGLING_KEY, "snap-1", "no record", uuid=U1, name="snap-1", fix=Fix.RELEASE_KEY,
+                           journal=JournalType.SNAPSHOT)
+    stray = Finding(Kind.STRAY_HEADER, "rbd_header.x", "no name", journal=None)
+    result = report.AuditResult(SCOPE, (KEYLESS, snapshot_key, stray), None)
+    doc = json.loads(report.to_json(result))
+    assert [f["journal"] for f in doc["findings"]] == ["volume", "snapshot", None]
+    assert doc["snapshot_name_prefix"] == "csi-snap-" and doc["volume_name_prefix"] == "csi-vol-"
+    # The fields consumers already read are all still there, under their names.
+    assert {"kind", "subject", "detail", "uuid", "name", "image_name", "image_id", "ours", "fix", "why_not",
+            "owner", "repair"} <= set(doc["findings"][0])
+    rows = report.to_table(result).splitlines()
+    assert "JOURNAL" in rows[1]
+    assert any("dangling-key" in r and " snapshot " in r and "snap-1" in r for r in rows)
+    assert any("stray-header" in r and " - " in r for r in rows)
+
+
+def test_the_snapshot_prefix_must_differ_from_the_volume_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cli.KEY_ENV, KEY)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--cluster-id", "c", "--pool", "p", "--user", "u", "--snapshot-name-prefix", "csi-vol-"])
+    assert exit_info.value.code == cli.USAGE_ERROR
+    a = cli.build_parser().parse_args(["--cluster-id", "c", "--pool", "p", "--user", "u",
+                                       "--snapshot-name-prefix", "team-snap-"])
+    assert cli.options_from(a).snapshot_prefix == "team-snap-"

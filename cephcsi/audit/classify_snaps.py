@@ -1,0 +1,109 @@
+"""The snapshot journal's rules: pure, like cephcsi.audit.classify, whose rules they reuse.
+
+The snapshot journal (`csi.snaps.<instance>` → `csi.snap.<uuid>` → `csi-snap-<uuid>`) has the
+volume journal's shape and crash-safe step order (cephcsi.volumes.snapshots), so a killed
+CreateSnapshot or DeleteSnapshot leaves the same debris a volume call does: it is judged by
+the same rules, on a view of the snapshot that puts the snapshot journal where the volume
+journal was. Two shapes only snapshots and clones leave are judged here besides:
+
+- a temporary `cephcsi-tmp-<uuid>` RBD snapshot on a volume (a CreateSnapshot or clone killed
+  between cutting it and removing it): whoever next holds the volume's lease removes it
+  (the next snapshot or clone of the volume, its DeleteVolume; the killed call's own retry or
+  DeleteSnapshot too), so it is reported with that said, and repaired under the same lease;
+- a snapshot image without its restore point (a CreateSnapshot killed after the clone): only a
+  retry of that request finishes it, which the audit cannot tell from a request given up, so
+  it is reported, never repaired.
+
+Neither is reported while a call holds the lease that guards it: that call is the one
+making or removing it.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from cephcsi.audit.classify import image_id_of, image_is_live, journal_findings
+from cephcsi.audit.model import RECORD_PREFIXES, Finding, Fix, ImageSnaps, JournalType, Kind, RecordView, Snapshot
+from cephcsi.ceph.layering import TEMP_SNAP_PREFIX
+
+
+def snapshot_view(snap: Snapshot) -> Snapshot:
+    """`snap` with the snapshot journal in the volume journal's place. No PVs: a PV names a
+    volume, never a snapshot; and nothing of the snapshot journal is split across pools here
+    (keys into other pools were left out by the scan)."""
+    journal = snap.snap_journal
+    return replace(snap, prefix=journal.prefix, name_keys=journal.name_keys, foreign_uuids=journal.foreign_uuids,
+                   remote_keys={}, malformed_keys=journal.malformed_keys, split_records={}, split_named=frozenset(),
+                   records=journal.records, pvs=None, journal=JournalType.SNAPSHOT)
+
+
+def snapshot_journal_findings(snap: Snapshot) -> list[Finding]:
+    return [*journal_findings(snapshot_view(snap)), *unfinished_findings(snap)]
+
+
+UNFINISHED_WHY_NOT = ("a retry of the same CreateSnapshot finishes it, and its DeleteSnapshot removes it; "
+                      "the audit cannot tell a request still retried from one given up")
+
+
+def unfinished_findings(snap: Snapshot) -> list[Finding]:
+    """Journaled snapshots whose live image lacks its restore point, with no call on them."""
+    journal = snap.snap_journal
+    found: list[Finding] = []
+    for name, uuid in sorted(journal.name_keys.items()):
+        record = journal.records.get(uuid)
+        if record is None or record.name != name:
+            continue  # judged by the journal rules
+        image_id = image_id_of(snap, record)
+        if not image_is_live(snap, record.image_name, image_id):
+            continue
+        if record.image_name in snap.image_snaps.get(image_id, ImageSnaps()).names:
+            continue
+        if f"{RECORD_PREFIXES[JournalType.SNAPSHOT]}{uuid}" in snap.leases_held:
+            continue  # a CreateSnapshot is between its clone and its restore point right now
+        found.append(Finding(
+            Kind.UNFINISHED_SNAPSHOT, name, f"snapshot image {record.image_name!r} has no restore point (RBD "
+            f"snapshot {record.image_name!r}): a CreateSnapshot killed after its clone", uuid=uuid, name=name,
+            image_name=record.image_name, image_id=image_id, journal=JournalType.SNAPSHOT,
+            why_not=UNFINISHED_WHY_NOT))
+    return found
+
+
+def _made_by(snap: Snapshot, uuid: str) -> str:
+    """Which call cut a temporary snapshot: its name carries the uuid of the entry it was for."""
+    snapshot = snap.snap_journal.records.get(uuid)
+    if snapshot is not None and snapshot.name:
+        return f"a killed CreateSnapshot {snapshot.name!r} (its retry or DeleteSnapshot removes it too)"
+    volume = snap.records.get(uuid)
+    if volume is not None and volume.name:
+        return f"a killed clone into volume {volume.name!r} (its retry removes it too)"
+    return "a killed snapshot or clone call whose journal entry is gone"
+
+
+def temp_snapshot_findings(snap: Snapshot) -> list[Finding]:
+    by_image: dict[str, RecordView] = {r.image_name: r for r in snap.records.values() if r.name and r.image_name}
+    found: list[Finding] = []
+    for image_name, image_id in sorted(snap.directory.items()):
+        snaps = snap.image_snaps.get(image_id)
+        if snaps is None or not image_is_live(snap, image_name, image_id):
+            continue
+        record = by_image.get(image_name)
+        if record is not None and f"{RECORD_PREFIXES[JournalType.VOLUME]}{record.uuid}" in snap.leases_held:
+            continue  # a snapshot or clone of this volume is cutting right now
+        for snap_name in snaps.names:
+            if snap_name.startswith(TEMP_SNAP_PREFIX):
+                found.append(_temp_snapshot(snap, image_name, image_id, snap_name, record))
+    return found
+
+
+def _temp_snapshot(snap: Snapshot, image_name: str, image_id: str, snap_name: str,
+                   record: RecordView | None) -> Finding:
+    detail = (f"temporary snapshot {snap_name!r} left by {_made_by(snap, snap_name[len(TEMP_SNAP_PREFIX):])}; "
+              "the next snapshot or clone of this volume, or its deletion, removes it otherwise")
+    subject = f"{image_name}@{snap_name}"
+    if record is None:
+        # The driver's rule (a temporary snapshot found under the source's lease is a dead
+        # call's) holds only for a journaled volume: without a record there is no lease.
+        return Finding(Kind.TEMP_SNAPSHOT, subject, detail, image_name=image_name, image_id=image_id,
+                       ours=False, journal=None, rbd_snapshot=snap_name,
+                       why_not="the image is no journaled volume here: no journal lease guards it")
+    return Finding(Kind.TEMP_SNAPSHOT, subject, detail, uuid=record.uuid, name=record.name, image_name=image_name,
+                   image_id=image_id, journal=JournalType.VOLUME, rbd_snapshot=snap_name, fix=Fix.REMOVE_TEMP_SNAP)
