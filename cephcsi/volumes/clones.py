@@ -162,7 +162,7 @@ class Cloner:
                       io: rados.Ioctx, request: CreateRequest, record: Record) -> tuple[int, int]:
         """Clone the source volume at a temporary snapshot, under its lease; (the target size, the
         size cloned: the source's now)."""
-        journal = sources.volume_journal(source_io, self.instance_id, self.lock_seconds)
+        journal = sources.volume_journal(source_io, self.instance_id, self.lock_seconds, session)
         temp = f"{layering.TEMP_SNAP_PREFIX}{record.uuid}"
         with sources.hold_source(journal, entry_id.object_uuid) as source_record, \
                 ceph_call("clone source volume", f"image {source_record.image_name!r}"), \
@@ -186,7 +186,7 @@ class Cloner:
         try:
             entry_id = sources.decode(source.source_id, "source volume")
             with sources.opened(session, entry_id, "source volume") as (_, source_io):
-                journal = sources.volume_journal(source_io, self.instance_id, self.lock_seconds)
+                journal = sources.volume_journal(source_io, self.instance_id, self.lock_seconds, session)
                 with sources.hold_source(journal, entry_id.object_uuid) as source_record, \
                         ceph_call("remove temporary snapshot", f"image {source_record.image_name!r}"):
                     try:

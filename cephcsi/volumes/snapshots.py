@@ -94,10 +94,10 @@ class SnapshotManager:
         self.name_locks = KeyLocks("snapshot name")
         self.id_locks = KeyLocks("snapshot")
 
-    def _journals(self, io: rados.Ioctx) -> tuple[Journal, Journal]:
-        """(volume journal, snapshot journal) of one pool."""
+    def _journals(self, io: rados.Ioctx, session: Session) -> tuple[Journal, Journal]:
+        """(volume journal, reading source volumes wherever their record is; snapshot journal) of one pool."""
         v = self.volumes
-        return (sources.volume_journal(io, v.instance_id, v.journal_lock_seconds),
+        return (sources.volume_journal(io, v.instance_id, v.journal_lock_seconds, session),
                 sources.snapshot_journal(io, v.instance_id, v.journal_lock_seconds))
 
     # ---- CreateSnapshot -------------------------------------------------------------------------
@@ -115,7 +115,7 @@ class SnapshotManager:
             if params.pool and params.pool != pool:
                 raise InvalidArgument(f"parameter pool={params.pool!r} differs from the source volume's pool "
                                       f"{pool!r}; snapshots are kept in their source's pool")
-            volumes, snapshots = self._journals(io)
+            volumes, snapshots = self._journals(io, session)
             for _ in range(2):
                 uuid = snapshots.reserve(request.name, VolumeId.new_uuid())
                 failpoints.reach("snapshot.after-reserve")
@@ -280,7 +280,7 @@ class SnapshotManager:
             if pool is None:
                 return
             with session.ioctx(pool) as io:
-                volumes, snapshots = self._journals(io)
+                volumes, snapshots = self._journals(io, session)
                 with snapshots.locked(snapshot_id.object_uuid):
                     record = snapshots.read(snapshot_id.object_uuid)
                     if record is None:
@@ -299,14 +299,14 @@ class SnapshotManager:
 
     def describe(self, session: Session, io: rados.Ioctx, pool: str, uuid: str) -> Snapshot | None:
         """A finished snapshot by uuid (None if absent or still being cut)."""
-        _, snapshots = self._journals(io)
+        _, snapshots = self._journals(io, session)
         record = snapshots.read(uuid)
         if record is None or not record.get(SOURCE_VOLUME_ID) or not self._has_restore_point(io, record.image_name):
             return None
         return self._describe(session, io, pool, snapshots, record, queue=False)
 
     def all_in_pool(self, session: Session, io: rados.Ioctx, pool: str) -> list[Snapshot]:
-        _, snapshots = self._journals(io)
+        _, snapshots = self._journals(io, session)
         # A value of ceph-csi's <pool id>/<uuid> form names a snapshot in another pool: not listed here.
         plain = {uuid for uuid in snapshots.uuids().values() if "/" not in uuid}
         found = [self.describe(session, io, pool, uuid) for uuid in sorted(plain)]

@@ -23,6 +23,7 @@ from cephcsi.ceph import layering
 from cephcsi.ceph.connection import Session
 from cephcsi.errors import NotFound, OperationInFlight
 from cephcsi.observability.logging import fields
+from cephcsi.volumes import split_journal
 from cephcsi.volumes.journal import SNAPSHOTS, VOLUMES, Journal, Record
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
@@ -67,8 +68,30 @@ def read_entry(io: rados.Ioctx, pool: str, entry_id: VolumeId, journal: Journal,
     return Entry(entry_id, pool, record)
 
 
-def volume_journal(io: rados.Ioctx, instance_id: str, lock_seconds: float) -> Journal:
-    return Journal(io, instance_id, VOLUMES, lock_seconds=lock_seconds)
+def volume_journal(io: rados.Ioctx, instance_id: str, lock_seconds: float, session: Session | None = None) -> Journal:
+    """The volume journal of `io`'s pool; given the session, one that reads source volumes the
+    way their snapshots and clones need them (`SourceJournal`)."""
+    if session is None:
+        return Journal(io, instance_id, VOLUMES, lock_seconds=lock_seconds)
+    return SourceJournal(io, instance_id, lock_seconds, session)
+
+
+class SourceJournal(Journal):
+    """The volume journal as snapshot and clone calls read their source: a volume ceph-csi
+    journaled apart from its image (cephcsi.volumes.split_journal) keeps its record in another
+    pool, while its lease, as DeleteVolume takes it, stays on this pool's object. Reads find the
+    record wherever it is; everything else is the plain journal of this pool."""
+
+    def __init__(self, io: rados.Ioctx, instance_id: str, lock_seconds: float, session: Session) -> None:
+        super().__init__(io, instance_id, VOLUMES, lock_seconds=lock_seconds)
+        self.session = session
+
+    def read(self, uuid: str) -> Record | None:
+        record = super().read(uuid)
+        if record is not None and not record.get(split_journal.JOURNAL_POOL):
+            return record  # the usual case: no further read
+        split = split_journal.locate(self.session, self.io, self.io.get_pool_name(), VOLUMES, uuid)
+        return split.record if split is not None else record
 
 
 def snapshot_journal(io: rados.Ioctx, instance_id: str, lock_seconds: float) -> Journal:

@@ -19,6 +19,7 @@ from tests.ceph.fixtures import CephTestCluster
 from tests.integration.audit.seed import run_audit
 from tests.integration.controller.helpers import MiB, create_request, journal_entries, mount_cap
 from tests.integration.controller.pool_state import read_pool, wait_for_pool
+from tests.integration.controller.snapshot_helpers import from_snapshot, from_volume, snapshot_request
 from tests.integration.driver import DriverProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
@@ -185,6 +186,17 @@ def test_a_ceph_csi_volume_journaled_in_another_pool_is_adopted_grown_audited_an
         _rc, doc, _ = run_audit(ceph_cluster, driver.config_file, "--pool", pool, "--repair")
         assert not [f for f in doc["findings"] if volume_uuid in json.dumps(f)], (pool, doc["findings"])
     assert _journal_objects(ceph_cluster, ceph_cluster.pool, volume_uuid, request.name)["name key"]
+
+    # Snapshots and clones read the source's record wherever ceph-csi put it.
+    c = driver.controller
+    snapshot = c.CreateSnapshot(snapshot_request(ceph_cluster, volume_id), timeout=60).snapshot
+    assert snapshot.ready_to_use and snapshot.source_volume_id == volume_id
+    restored = c.CreateVolume(from_snapshot(ceph_cluster, snapshot.snapshot_id, size=24 * MiB), timeout=60).volume
+    cloned = c.CreateVolume(from_volume(ceph_cluster, volume_id, size=24 * MiB), timeout=60).volume
+    for made in (restored, cloned):
+        c.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=made.volume_id, secrets=ceph_cluster.secrets), timeout=60)
+    c.DeleteSnapshot(csi_pb2.DeleteSnapshotRequest(snapshot_id=snapshot.snapshot_id, secrets=ceph_cluster.secrets),
+                     timeout=60)
 
     driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=ceph_cluster.secrets),
                                    timeout=60)
