@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import rados
 import rbd
 
+from cephcsi.ceph import omap as ceph_omap
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.audit.seed import (
     MOVING,
@@ -84,13 +84,7 @@ def seed_everything(s: Seeder) -> tuple[set[tuple[str, str]], dict[str, str]]:
 
 
 def omap(io: Any, obj: str) -> dict[str, bytes]:
-    with rados.ReadOpCtx() as op:
-        items, _ = io.get_omap_vals(op, "", "", -1)
-        try:
-            io.operate_read_op(op, obj)
-        except rados.ObjectNotFound:
-            return {}
-        return dict(items)
+    return ceph_omap.read_raw(io, obj) or {}
 
 
 def audit_until_drained(cluster: CephTestCluster, config: str, io: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import rbd
 
 from cephcsi._generated import csi_pb2
 from cephcsi.audit import scan_snaps
+from cephcsi.ceph import omap as ceph_omap
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.audit.seed import NORMAL, Seeder, admin_namespace, new_uuid, run_audit, write_config
 from tests.integration.controller.helpers import MiB, create_request, image_of, until_ok
@@ -30,15 +31,7 @@ DRAIN_SECONDS = 150.0
 
 
 def omap(io: Any, obj: str) -> dict[str, str]:
-    import rados
-
-    with rados.ReadOpCtx() as op:
-        items, _ = io.get_omap_vals(op, "", "", -1)
-        try:
-            io.operate_read_op(op, obj)
-        except rados.ObjectNotFound:
-            return {}
-        return {k: v.decode() for k, v in items}
+    return ceph_omap.read(io, obj) or {}
 
 
 def findings(doc: dict[str, Any]) -> set[tuple[str | None, str, str]]:
