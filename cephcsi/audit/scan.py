@@ -28,7 +28,7 @@ from cephcsi.audit.model import (
     Snapshot,
     TrashView,
 )
-from cephcsi.ceph import image_metadata, imagestate, omap
+from cephcsi.ceph import encoding, image_metadata, imagestate, omap
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import CephCSIError, Internal
@@ -47,8 +47,8 @@ _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 def decode_deferment(raw: bytes) -> float:
     """The deferment end (epoch seconds) of a cls_rbd TrashImageSpec: after the 6-byte
     encoding header, the source (u8) and the name come the deletion and deferment utime_t."""
-    (length,) = struct.unpack_from("<I", raw, 7)
-    offset = 7 + 4 + length + 8
+    _, offset = encoding.read_string(raw, encoding.STRUCT_HEADER + 1)
+    offset += 8
     if len(raw) < offset + 8:
         return 0.0
     seconds, nanoseconds = struct.unpack_from("<II", raw, offset)

@@ -9,12 +9,12 @@ under the lease.
 """
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable, Mapping
 
 import rados
 
 from cephcsi.audit.model import ImageSnaps, RecordView, SnapJournalView
+from cephcsi.ceph import encoding, omap
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.ceph.layering import TEMP_SNAP_PREFIX
 from cephcsi.volumes.journal import LOCK_NAME, SNAPSHOTS, VOLUMES
@@ -30,9 +30,7 @@ _SNAP_NAME_OFFSET = 6 + 8
 
 
 def decode_snap_name(raw: bytes) -> str:
-    (length,) = struct.unpack_from("<I", raw, _SNAP_NAME_OFFSET)
-    start = _SNAP_NAME_OFFSET + 4
-    return raw[start:start + length].decode(errors="replace")
+    return encoding.read_string(raw, _SNAP_NAME_OFFSET)[0]
 
 
 def image_snaps_from_omap(values: Mapping[str, bytes]) -> ImageSnaps:
@@ -84,30 +82,16 @@ def lease_candidates(volume_records: Mapping[str, RecordView], snap_journal: Sna
     return objects
 
 
-def _get_info_request(name: str) -> bytes:
-    """cls_lock_get_info_op: ENCODE_START(1, 1) (u8 version, u8 compat, u32 length), the lock
-    name as u32 length + bytes."""
-    raw = name.encode()
-    body = struct.pack("<I", len(raw)) + raw
-    return struct.pack("<BBI", 1, 1, len(body)) + body
-
-
-def lock_is_held(reply: bytes) -> bool:
-    """cls_lock_get_info_reply starts (after its 6-byte encoding header) with the lockers map's
-    u32 count; cls_lock leaves expired lockers out, so a killed holder's lapsed lease reads free."""
-    return len(reply) >= 10 and struct.unpack_from("<I", reply, 6)[0] > 0
-
-
 def read_leases(io: rados.Ioctx, objects: Iterable[str]) -> frozenset[str]:
     """The objects among `objects` whose journal lease (cephcsi.journal) someone holds now."""
     held: set[str] = set()
-    request = _get_info_request(LOCK_NAME)
+    request = omap.lock_info_request(LOCK_NAME)
     for obj in objects:
         with ceph_call("read journal lease", f"object {obj!r}"):
             try:
                 _, reply = io.execute(obj, "lock", "get_info", request)
             except rados.ObjectNotFound:
                 continue
-        if lock_is_held(reply):
+        if omap.lock_is_held(reply):
             held.add(obj)
     return frozenset(held)

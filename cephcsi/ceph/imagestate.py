@@ -22,12 +22,11 @@ so it is read here from the omap value (cls_rbd's TrashImageSpec encoding).
 from __future__ import annotations
 
 import enum
-import struct
 from dataclasses import dataclass
 
 import rados
 
-from cephcsi.ceph import omap
+from cephcsi.ceph import encoding, omap
 from cephcsi.ceph.errors import ceph_call
 
 DIRECTORY = "rbd_directory"
@@ -86,17 +85,11 @@ class ImageState:
         return not (self.id_object or self.directory or self.header or self.trash)
 
 
-def _decode_string(raw: bytes, offset: int = 0) -> tuple[str, int]:
-    (length,) = struct.unpack_from("<I", raw, offset)
-    start = offset + 4
-    return raw[start : start + length].decode(), start + length
-
-
 def decode_trash_entry(image_id: str, raw: bytes) -> TrashEntry:
     """cls_rbd TrashImageSpec: version, compat, length, source (u8), name, two utime_t,
     then (version ≥ 2) the state (u8). Version-1 entries predate states: NORMAL."""
     version, source = raw[0], raw[6]
-    name, offset = _decode_string(raw, 6 + 1)
+    name, offset = encoding.read_string(raw, 6 + 1)
     offset += 16  # deletion time and deferment end time
     state = TrashState(raw[offset]) if version >= 2 and len(raw) > offset else TrashState.NORMAL
     return TrashEntry(image_id, name, state, source)
@@ -108,14 +101,14 @@ def id_from_id_object(io: rados.Ioctx, name: str) -> str | None:
             raw = io.read(f"rbd_id.{name}", 4096)
         except rados.ObjectNotFound:
             return None
-    return _decode_string(raw)[0] if len(raw) >= 4 else None
+    return encoding.read_string(raw)[0] if len(raw) >= 4 else None
 
 
 def id_from_directory(io: rados.Ioctx, name: str) -> str | None:
     key = f"name_{name}"
     values = omap.read_raw(io, DIRECTORY, (key,))
     raw = (values or {}).get(key)
-    return _decode_string(raw)[0] if raw else None
+    return encoding.read_string(raw)[0] if raw else None
 
 
 def trash_entry(io: rados.Ioctx, image_id: str) -> TrashEntry | None:
@@ -133,7 +126,7 @@ def trash_entries(io: rados.Ioctx) -> list[TrashEntry]:
 def directory_names(io: rados.Ioctx) -> dict[str, str]:
     """name → id for every image in the pool's directory (including partial creates)."""
     values = omap.read_raw(io, DIRECTORY) or {}
-    return {key[5:]: _decode_string(raw)[0] for key, raw in values.items() if key.startswith("name_")}
+    return {key[5:]: encoding.read_string(raw)[0] for key, raw in values.items() if key.startswith("name_")}
 
 
 def header_exists(io: rados.Ioctx, image_id: str) -> bool:

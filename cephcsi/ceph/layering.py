@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import rados
 import rbd
 
-from cephcsi.ceph import images
+from cephcsi.ceph import encoding, images
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import CephCSIError, NotFound
@@ -150,19 +150,13 @@ class HeaderParent:
 
 def decode_parent_spec(raw: bytes) -> HeaderParent | None:
     """cls_rbd `parent_get`'s ParentImageSpec; None when the image has no parent (pool id −1)."""
-    offset = 6  # struct version, compat version, length
-    (pool_id,) = struct.unpack_from("<q", raw, offset)
-    offset += 8
-    texts = []
-    for _ in range(2):
-        (length,) = struct.unpack_from("<I", raw, offset)
-        offset += 4
-        texts.append(raw[offset:offset + length].decode())
-        offset += length
+    (pool_id,) = struct.unpack_from("<q", raw, encoding.STRUCT_HEADER)
+    namespace, offset = encoding.read_string(raw, encoding.STRUCT_HEADER + 8)
+    image_id, offset = encoding.read_string(raw, offset)
     (snap_id,) = struct.unpack_from("<Q", raw, offset)
-    if pool_id < 0 or not texts[1] or snap_id == CEPH_NOSNAP:
+    if pool_id < 0 or not image_id or snap_id == CEPH_NOSNAP:
         return None
-    return HeaderParent(pool_id, texts[0], texts[1], snap_id)
+    return HeaderParent(pool_id, namespace, image_id, snap_id)
 
 
 def decode_overlap(raw: bytes) -> int | None:

@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 import rados
 
+from cephcsi.ceph import encoding
 from cephcsi.ceph.errors import ceph_call, error_number
 
 # librados.h LIBRADOS_LOCK_FLAG_RENEW (bit 0); the Pacific bindings do not export the constant.
@@ -110,24 +111,30 @@ def try_lock(io: rados.Ioctx, obj: str, name: str, cookie: str, seconds: float) 
 _LOCK_TYPE_EXCLUSIVE = 1
 
 
-def _cls_string(text: str) -> bytes:
-    raw = text.encode()
-    return struct.pack("<I", len(raw)) + raw
-
-
-def _cls_struct(body: bytes) -> bytes:
-    return struct.pack("<BBI", 1, 1, len(body)) + body
 
 
 def lock_request(name: str, cookie: str, seconds: float) -> bytes:
     """cls_lock_lock_op for an exclusive lock held `seconds` (at least 1), no tag, no flags."""
-    return _cls_struct(_cls_string(name) + struct.pack("<B", _LOCK_TYPE_EXCLUSIVE) + _cls_string(cookie)
-                       + _cls_string("") + _cls_string("cephcsi") + struct.pack("<IIB", max(1, int(seconds)), 0, 0))
+    return encoding.versioned(encoding.string(name) + struct.pack("<B", _LOCK_TYPE_EXCLUSIVE) + encoding.string(cookie)
+                              + encoding.string("") + encoding.string("cephcsi")
+                              + struct.pack("<IIB", max(1, int(seconds)), 0, 0))
 
 
 def unlock_request(name: str, cookie: str) -> bytes:
     """cls_lock_unlock_op."""
-    return _cls_struct(_cls_string(name) + _cls_string(cookie))
+    return encoding.versioned(encoding.string(name) + encoding.string(cookie))
+
+
+def lock_info_request(name: str) -> bytes:
+    """cls_lock_get_info_op: the lock's name."""
+    return encoding.versioned(encoding.string(name))
+
+
+def lock_is_held(reply: bytes) -> bool:
+    """cls_lock_get_info_reply starts (after its encoding header) with the lockers map's u32
+    count; cls_lock leaves expired lockers out, so a killed holder's lapsed lease reads free."""
+    start = encoding.STRUCT_HEADER
+    return len(reply) >= start + 4 and struct.unpack_from("<I", reply, start)[0] > 0
 
 
 def try_lock_and_fill(io: rados.Ioctx, obj: str, name: str, cookie: str, seconds: float, guard_key: str,

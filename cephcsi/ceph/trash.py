@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-import struct
 import threading
 from dataclasses import dataclass, field
 
 import rados
 import rbd
 
+from cephcsi.ceph import encoding
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.ceph.imagestate import TRASH, ImageState, TrashState
@@ -76,16 +76,16 @@ def _finish_parent_move(io: rados.Ioctx, state: ImageState) -> None:
     against Ceph 16). The flip is all that is left, and no binding exposes it: this sends
     cls_rbd's `trash_state_set` (id, new state, expected state) itself. Until the entry is NORMAL
     librbd will not purge the parent after its last child, and the mgr will not remove it."""
-    inbl = _encode_string(state.image_id) + bytes((TrashState.NORMAL.value, TrashState.MOVING.value))
     log.warning("finishing an interrupted move of a clone parent to the trash",
                 extra=fields(image=state.name, image_id=state.image_id))
-    with ceph_call("finish the move of a clone parent to the trash", f"image {state.name!r}"):
-        io.execute(TRASH, "rbd", "trash_state_set", inbl)
+    set_state(io, state.image_id, TrashState.NORMAL, expected=TrashState.MOVING)
 
 
-def _encode_string(value: str) -> bytes:
-    raw = value.encode()
-    return struct.pack("<I", len(raw)) + raw
+def set_state(io: rados.Ioctx, image_id: str, new: TrashState, expected: TrashState) -> None:
+    """cls_rbd `trash_state_set`: the trash entry's state becomes `new` if it is `expected`."""
+    request = encoding.string(image_id) + bytes((new.value, expected.value))
+    with ceph_call("set the trash state", f"image id {image_id!r}"):
+        io.execute(TRASH, "rbd", "trash_state_set", request)
 
 
 def remove_partial(io: rados.Ioctx, name: str) -> None:

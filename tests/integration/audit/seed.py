@@ -22,23 +22,20 @@ from typing import Any
 import rados
 import rbd
 
+from cephcsi.ceph import encoding
 from tests.ceph.fixtures import CephTestCluster
 
 NORMAL, MOVING, REMOVING = 0, 1, 2
 MIB = 1 << 20
 
 
-def encode_string(text: str) -> bytes:
-    return struct.pack("<I", len(text)) + text.encode()
-
-
 def trash_spec(name: str, state: int, deleted: float, deferred: float) -> bytes:
     """cls_rbd TrashImageSpec v2: source USER, name, deletion and deferment time, state."""
-    body = bytes([0]) + encode_string(name)
+    body = bytes([0]) + encoding.string(name)
     for moment in (deleted, deferred):
         body += struct.pack("<II", int(moment), int((moment % 1) * 1e9))
     body += bytes([state])
-    return bytes([2, 1]) + struct.pack("<I", len(body)) + body
+    return encoding.versioned(body, version=2)
 
 
 def new_uuid() -> str:

@@ -11,7 +11,6 @@ MOVING, source USER_PARENT, no directory entry, no id object, header present.
 """
 from __future__ import annotations
 
-import struct
 import time
 from collections.abc import Callable
 
@@ -19,7 +18,7 @@ import grpc
 import pytest
 
 from cephcsi._generated import csi_pb2
-from cephcsi.ceph import imagestate
+from cephcsi.ceph import imagestate, trash
 from cephcsi.ceph.imagestate import TrashState
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.helpers import MiB, create_request, until_ok
@@ -45,10 +44,8 @@ def _trash_state(cluster: CephTestCluster, image_id: str) -> imagestate.TrashEnt
 
 
 def _back_to_moving(cluster: CephTestCluster, image_id: str) -> None:
-    raw = image_id.encode()
-    inbl = struct.pack("<I", len(raw)) + raw + bytes((TrashState.MOVING.value, TrashState.NORMAL.value))
     with admin_ioctx(cluster) as io:
-        io.execute(imagestate.TRASH, "rbd", "trash_state_set", inbl)
+        trash.set_state(io, image_id, TrashState.MOVING, expected=TrashState.NORMAL)
 
 
 def _delete_snapshot(driver: DriverProcess, cluster: CephTestCluster, snapshot_id: str) -> None:

@@ -23,6 +23,7 @@ from cephcsi.audit.model import (
     TrashView,
 )
 from cephcsi.audit.repair import ORDER
+from cephcsi.ceph import omap
 from cephcsi.ceph.imagestate import TrashState
 
 pytestmark = pytest.mark.unit
@@ -243,8 +244,8 @@ def test_header_snapshot_names_and_lease_replies_are_decoded() -> None:
                                               "snap_seq": b"\x05" + bytes(7)})
     assert snaps == ImageSnaps(("cephcsi-tmp-abc", "keep"), False)
     assert scan_snaps.image_snaps_from_omap({"snap_children_0000000000000004": b"\x01"}).has_children
-    assert not scan_snaps.lock_is_held(bytes.fromhex("010109000000000000000100000000"))
-    assert scan_snaps.lock_is_held(bytes.fromhex("0101530000000100000001010f000000082a10"))
+    assert not omap.lock_is_held(bytes.fromhex("010109000000000000000100000000"))
+    assert omap.lock_is_held(bytes.fromhex("0101530000000100000001010f000000082a10"))
     assert scan_snaps.lease_candidates(healthy().records, healthy().snap_journal, healthy().directory,
                                        {"vid": ImageSnaps((TEMP2,)), "sid1": ImageSnaps(())}) == [
         f"csi.volume.{U1}", f"csi.snap.{S1}"]
