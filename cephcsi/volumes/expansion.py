@@ -12,6 +12,14 @@ volume's record (so another controller process's delete, e.g. an old leader's, c
 between our lookup and the resize). The record is read before the lease is taken: an id
 whose record does not exist is answered NOT_FOUND without creating a lock object for it.
 
+One image open: the checks and the resize share the read-write open that resizes
+(cephcsi.ceph.resize.grow). Its handle is bound to the image's id, so the image whose id is
+compared with the journal's csi.imageid (an image that is not the volume's is never grown) and
+whose size decides the call (grow, answer a repeat, or refuse a shrink) is the image the resize
+changes; nothing can slip in between the look and the act, which two opens (a read-only stat,
+then the read-write resize) could only promise through the lease. A repeated call therefore
+costs a read-write open with its short-lived watch, instead of a read-only one, and no resize.
+
 Sizes are rounded up to whole MiB exactly as CreateVolume rounds them, so an expansion to the
 size a CreateVolume would have allocated is a no-op, and the size answered is what the image has.
 """
@@ -22,7 +30,7 @@ from dataclasses import dataclass
 
 import rados
 
-from cephcsi.ceph import images, resize
+from cephcsi.ceph import resize
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.errors import Internal, InvalidArgument, NotFound, OutOfRange
 from cephcsi.observability.logging import fields
@@ -97,6 +105,13 @@ def expand(volumes: VolumeManager, request: ExpandRequest) -> Expanded:
             uuid = volume_id.object_uuid
             # The record may be in another pool (a volume ceph-csi journaled apart from its
             # image, cephcsi.volumes.split_journal); the lock is always on this pool's object.
+            # This read before the lease (one omap read for an ordinary volume) stays: cls_lock
+            # creates the object it locks, so locking first would create csi.volume.<uuid> for
+            # any well-formed id that names nothing, and cost a removal on top. Saving it would
+            # take a lock op guarded by assert_exists (failing with ENOENT instead of creating),
+            # which belongs to the lease layer (cephcsi.ceph.leases / omap), and the re-read
+            # under the lease would still be needed: an existing object may hold no record (a
+            # create that died after reserving the uuid; the image-pool half of a split volume).
             if volumes.read_record(session, io, pool, uuid) is None:
                 raise NotFound(f"volume {request.volume_id!r} does not exist")
             with journal.locked(uuid):
@@ -110,21 +125,24 @@ def expand(volumes: VolumeManager, request: ExpandRequest) -> Expanded:
 
 
 def _grow_locked(io: rados.Ioctx, request: ExpandRequest, record: Record, target: int) -> Expanded:
-    info = images.stat(io, record.image_name)
-    if info is None:
-        raise NotFound(f"volume {request.volume_id!r} does not exist (its image {record.image_name!r} is gone)")
-    if record.image_id and info.image_id != record.image_id:
+    def needed(current: int) -> bool:
+        return check_current(request.volume_id, current, target, request.limit_bytes)
+
+    try:
+        grown = resize.grow(io, record.image_name, target, expected_id=record.image_id, needed=needed)
+    except resize.ForeignImage as error:
         raise Internal(
-            f"image {record.image_name!r} has id {info.image_id}, but the journal of volume {request.volume_id} "
+            f"image {record.image_name!r} has id {error.found}, but the journal of volume {request.volume_id} "
             f"records {record.image_id}; run `cephcsi audit` before expanding it"
-        )
-    if not check_current(request.volume_id, info.size, target, request.limit_bytes):
-        log.info("volume already has the requested size", extra=fields(volume_id=request.volume_id, bytes=info.size))
-        return Expanded(info.size, grown=False)
-    grown = resize.grow(io, record.image_name, target)
+        ) from None
+    if grown is None:
+        raise NotFound(f"volume {request.volume_id!r} does not exist (its image {record.image_name!r} is gone)")
+    if not grown.changed:
+        log.info("volume already has the requested size", extra=fields(volume_id=request.volume_id, bytes=grown.after))
+        return Expanded(grown.after, grown=False)
     failpoints.reach("expand.after-resize")
     log.info(
         "volume expanded",
         extra=fields(volume_id=request.volume_id, image=record.image_name, before=grown.before, after=grown.after),
     )
-    return Expanded(grown.after, grown=grown.changed)
+    return Expanded(grown.after, grown=True)

@@ -82,3 +82,28 @@ def test_expand_killed_after_the_resize_is_answered_by_the_retry(
     response = until_ok(lambda: healthy.controller.ControllerExpandVolume(_expand(ceph_cluster, volume.volume_id, 24 * MiB)))
     assert response.capacity_bytes == 24 * MiB and _size(ceph_cluster, image_of(volume.volume_id)) == 24 * MiB
     healthy.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume.volume_id, secrets=ceph_cluster.secrets))
+
+
+def test_expand_never_grows_an_image_that_is_not_the_volumes(driver: DriverProcess, ceph_cluster: CephTestCluster) -> None:
+    """The id and size checks run inside the read-write open that resizes: a missing image is
+    NOT_FOUND, and an image under the volume's name with another id than the journal records
+    is refused (INTERNAL) and left at its size."""
+    volume = driver.controller.CreateVolume(create_request(ceph_cluster, size=8 * MiB)).volume
+    image, aside = image_of(volume.volume_id), f"{image_of(volume.volume_id)}-aside"
+    ceph_cluster.admin("rbd", "rename", f"{ceph_cluster.pool}/{image}", f"{ceph_cluster.pool}/{aside}")
+    try:
+        code, message = _code(lambda: driver.controller.ControllerExpandVolume(_expand(ceph_cluster, volume.volume_id, 16 * MiB)))
+        assert code == grpc.StatusCode.NOT_FOUND and f"its image {image!r} is gone" in message
+        ceph_cluster.admin("rbd", "create", "--size", "8M", f"{ceph_cluster.pool}/{image}")
+        try:
+            code, message = _code(lambda: driver.controller.ControllerExpandVolume(
+                _expand(ceph_cluster, volume.volume_id, 16 * MiB)))
+            assert code == grpc.StatusCode.INTERNAL and "run `cephcsi audit` before expanding it" in message
+            assert _size(ceph_cluster, image) == 8 * MiB
+        finally:
+            ceph_cluster.admin("rbd", "rm", f"{ceph_cluster.pool}/{image}")
+    finally:
+        ceph_cluster.admin("rbd", "rename", f"{ceph_cluster.pool}/{aside}", f"{ceph_cluster.pool}/{image}")
+    grown = driver.controller.ControllerExpandVolume(_expand(ceph_cluster, volume.volume_id, 16 * MiB))
+    assert grown.capacity_bytes == 16 * MiB and _size(ceph_cluster, image) == 16 * MiB
+    driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume.volume_id, secrets=ceph_cluster.secrets))
