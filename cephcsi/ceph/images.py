@@ -75,8 +75,10 @@ def stat(io: rados.Ioctx, name: str, with_watchers: bool = False) -> ImageInfo |
             return None
 
 
-def create(io: rados.Ioctx, name: str, size: int, features: tuple[str, ...], data_pool: str | None) -> str:
-    """Create the image and return its id.
+def create(io: rados.Ioctx, name: str, size: int, features: tuple[str, ...], data_pool: str | None,
+           with_id: bool = True) -> str:
+    """Create the image and return its id ('' with `with_id=False` when the create went through
+    at once: librbd does not return the id, reading it is one more round trip).
 
     If the name is taken, look again: a complete image (a concurrent create of the same
     volume, e.g. by another replica during a leader hand-over) is adopted, never removed;
@@ -87,6 +89,8 @@ def create(io: rados.Ioctx, name: str, size: int, features: tuple[str, ...], dat
     with ceph_call("create image", f"image {name!r}"):
         try:
             rbd.RBD().create(io, name, size, old_format=False, features=mask, data_pool=data_pool or None)
+            if not with_id:
+                return ""
         except rbd.ImageExists:
             existing = stat(io, name)
             if existing is not None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import rados
 
 from cephcsi.ceph import encoding, omap
+from cephcsi.ceph.batch import Batch, Pending
 from cephcsi.ceph.errors import ceph_call
 
 DIRECTORY = "rbd_directory"
@@ -104,13 +105,6 @@ def id_from_id_object(io: rados.Ioctx, name: str) -> str | None:
     return encoding.read_string(raw)[0] if len(raw) >= 4 else None
 
 
-def id_from_directory(io: rados.Ioctx, name: str) -> str | None:
-    key = f"name_{name}"
-    values = omap.read_raw(io, DIRECTORY, (key,))
-    raw = (values or {}).get(key)
-    return encoding.read_string(raw)[0] if raw else None
-
-
 def trash_entry(io: rados.Ioctx, image_id: str) -> TrashEntry | None:
     key = f"id_{image_id}"
     raw = (omap.read_raw(io, TRASH, (key,)) or {}).get(key)
@@ -129,15 +123,6 @@ def directory_names(io: rados.Ioctx) -> dict[str, str]:
     return {key[5:]: encoding.read_string(raw)[0] for key, raw in values.items() if key.startswith("name_")}
 
 
-def header_exists(io: rados.Ioctx, image_id: str) -> bool:
-    with ceph_call("stat image header", f"image id {image_id!r}"):
-        try:
-            io.stat(f"rbd_header.{image_id}")
-            return True
-        except rados.ObjectNotFound:
-            return False
-
-
 def trash_entry_named(io: rados.Ioctx, name: str) -> TrashEntry | None:
     """The trash entry of an image called `name` (cephcsi's image names are unique): how a
     delete finds an image that left the directory before its id was journaled."""
@@ -149,17 +134,49 @@ def trash_entry_named(io: rados.Ioctx, name: str) -> TrashEntry | None:
 
 def inspect(io: rados.Ioctx, name: str, known_id: str = "") -> ImageState:
     """All traces of the image `name` (id `known_id` if the caller journaled it)."""
-    from_id_object = id_from_id_object(io, name)
-    from_directory = id_from_directory(io, name)
-    image_id = known_id or from_id_object or from_directory or ""
-    if not image_id:
-        trashed = trash_entry_named(io, name)
-        image_id = trashed.image_id if trashed else ""
-    return ImageState(
-        name=name,
-        image_id=image_id,
-        id_object=from_id_object is not None,
-        directory=from_directory is not None,
-        header=header_exists(io, image_id) if image_id else False,
-        trash=trash_entry(io, image_id) if image_id else None,
-    )
+    return Inspection(io, name, known_id).result()
+
+
+class Inspection:
+    """`inspect`, submitted now and read later: the traces are independent small reads, sent
+    together (cephcsi.ceph.batch) so the caller can do other work while they are in flight —
+    one round trip when the id is known, two when it must be found first."""
+
+    def __init__(self, io: rados.Ioctx, name: str, known_id: str = "") -> None:
+        self.io = io
+        self.name = name
+        self.known_id = known_id
+        self._batch = Batch(io)
+        self._id_object = self._batch.read(f"rbd_id.{name}", 4096)
+        self._directory = self._batch.omap(DIRECTORY, (f"name_{name}",))
+        self._by_id = self._traces_of(self._batch, known_id) if known_id else None
+
+    @staticmethod
+    def _traces_of(batch: Batch, image_id: str) -> tuple[Pending[bool], Pending[dict[str, bytes] | None]]:
+        return batch.stat(f"rbd_header.{image_id}"), batch.omap(TRASH, (f"id_{image_id}",))
+
+    def result(self) -> ImageState:
+        self._batch.wait()
+        raw_id = self._id_object.result()
+        from_id_object = encoding.read_string(raw_id)[0] if raw_id is not None and len(raw_id) >= 4 else None
+        raw_entry = (self._directory.result() or {}).get(f"name_{self.name}")
+        from_directory = encoding.read_string(raw_entry)[0] if raw_entry else None
+        image_id = self.known_id or from_id_object or from_directory or ""
+        if not image_id:
+            trashed = trash_entry_named(self.io, self.name)
+            image_id = trashed.image_id if trashed else ""
+        by_id = self._by_id
+        if by_id is None and image_id:
+            batch = Batch(self.io)
+            by_id = self._traces_of(batch, image_id)
+            batch.wait()
+        header, trash = by_id if by_id is not None else (None, None)
+        raw_trash = (trash.result() or {}).get(f"id_{image_id}") if trash is not None else None
+        return ImageState(
+            name=self.name,
+            image_id=image_id,
+            id_object=from_id_object is not None,
+            directory=from_directory is not None,
+            header=header.result() if header is not None else False,
+            trash=decode_trash_entry(image_id, raw_trash) if raw_trash else None,
+        )

@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager, nullcontext
 import rados
 
 from cephcsi.ceph import encoding
+from cephcsi.ceph.batch import Batch
 from cephcsi.ceph.errors import ceph_call, error_number
 
 # librados.h LIBRADOS_LOCK_FLAG_RENEW (bit 0); the Pacific bindings do not export the constant.
@@ -157,6 +158,31 @@ def try_lock_and_fill(io: rados.Ioctx, obj: str, name: str, cookie: str, seconds
                 if error_number(error) == errno.ECANCELED:
                     return "guarded"
                 raise
+
+
+def try_lock_then_read(io: rados.Ioctx, obj: str, name: str, cookie: str,
+                       seconds: float) -> tuple[bool, dict[str, str] | None]:
+    """`try_lock`, and the object's omap as it is once the lock is ours, in one round trip.
+
+    The read is submitted right behind the lock, ordered after it (ORDER_READS_WRITES), so it
+    sees what the lock holder sees; when the lock is busy its result is dropped. Returns
+    (locked, omap or None when the object held nothing but our lock's creation)."""
+    with ceph_call("lock object", f"object {obj!r}"):
+        with rados.WriteOpCtx() as op:
+            op.execute("lock", "lock", lock_request(name, cookie, seconds))
+            locking = io.operate_aio_write_op(op, obj)
+            batch = Batch(io)
+            values = batch.omap(obj, after_writes=True)
+            locking.wait_for_complete()
+            batch.wait()
+            outcome = locking.get_return_value()
+    if outcome in (-errno.EBUSY, -errno.EEXIST):
+        return False, None
+    if outcome < 0:
+        with ceph_call("lock object", f"object {obj!r}"):
+            raise rados.OSError("cls_lock lock failed", errno=-outcome)
+    raw = values.result()
+    return True, None if raw is None else {key: value.decode() for key, value in raw.items()}
 
 
 def update_and_unlock(io: rados.Ioctx, obj: str, values: Mapping[str, str], name: str, cookie: str) -> bool:

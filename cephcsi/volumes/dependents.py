@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import rados
 import rbd
@@ -35,26 +36,55 @@ parent read-write for a moment while it purges one of its children (measured: te
 that watch must not fail the delete. A real user (a mapped image) still fails after this."""
 
 
-def require_unused(io: rados.Ioctx, name: str) -> list[layering.SnapInfo]:
+@dataclass(frozen=True)
+class Usage:
+    """What one read-only open of an image saw: who has it open read-write, and its snapshots."""
+
+    watchers: tuple[rbd.WatcherInfo, ...]
+    snaps: list[layering.SnapInfo]
+
+
+def probe(io: rados.Ioctx, name: str) -> Usage | None:
+    """One read-only open of image `name` for `require_unused`, or None when it could not be
+    opened (gone, half-made, or an error): the caller may probe before it knows the image's
+    state, to overlap the open with other reads, and `require_unused` then opens it again
+    with full error reporting. A read-only open registers no watch."""
+    try:
+        return _usage(io, name)
+    except (rbd.Error, rados.Error):
+        return None
+
+
+def _usage(io: rados.Ioctx, name: str) -> Usage | None:
+    with rbd.Image(io, name, read_only=True) as image:
+        return Usage(tuple(image.watchers_list()), layering.list_snaps(image))
+
+
+def _checked_usage(io: rados.Ioctx, name: str) -> Usage | None:
+    with ceph_call("list image watchers and snapshots", f"image {name!r}"):
+        try:
+            return _usage(io, name)
+        except rbd.ImageNotFound:
+            return None
+
+
+def require_unused(io: rados.Ioctx, name: str, first: Usage | None = None) -> list[layering.SnapInfo]:
     """trash.require_unused, tolerating the brief watch of a child purge on a parent; the
     image's snapshots as the same read-only open saw them, for `defer_if_parent` (one open of
-    about 12 RADOS operations serves both checks; [] when the image is gone)."""
+    about 12 RADOS operations serves both checks; [] when the image is gone). `first`: what a
+    `probe` of the image just saw, which saves that open."""
     deadline = time.monotonic() + PARENT_WATCH_WAIT
-    while time.monotonic() < deadline:
-        with ceph_call("list image watchers and snapshots", f"image {name!r}"):
-            try:
-                with rbd.Image(io, name, read_only=True) as image:
-                    watchers = list(image.watchers_list())
-                    snaps = layering.list_snaps(image)
-            except rbd.ImageNotFound:
-                return []
-        if not watchers:
-            return snaps
-        if not snaps:
-            break  # not a parent: no purge of a child explains the watch
+    usage = first if first is not None else _checked_usage(io, name)
+    # Only a parent's watchers are waited out: no purge of a child explains a watch on an
+    # image without snapshots.
+    while usage is not None and usage.watchers and usage.snaps and time.monotonic() < deadline:
         time.sleep(0.1)
-    trash.require_unused(io, name)
-    return snaps
+        usage = _checked_usage(io, name)
+    if usage is None:
+        return []
+    if usage.watchers:
+        trash.require_unused(io, name)  # refuses with who holds it (unless the watch just ended)
+    return usage.snaps
 
 
 def _remove_to_trash(io: rados.Ioctx, name: str) -> None:

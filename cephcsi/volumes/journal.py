@@ -21,7 +21,8 @@ adopts the winner's uuid, so one name never gets two images.
 
 Create and delete of one volume exclude each other across processes with a cls_lock on the
 record object (`locked`), held from the record to the image id (create) and from the image
-to the record's removal (delete). The lock lives on the record because cls_lock creates the
+to the record's removal (delete). A create of a new image answers before the last step: the
+image id is journaled, and the lock released, right after (`Hold.journal_image_id_behind`). The lock lives on the record because cls_lock creates the
 object it locks and leaves an xattr behind after unlock: on the record, both go away with it.
 A lock left by a process that was killed expires after `lock_seconds`; until then the
 volume's calls answer ABORTED, which a CO retries.
@@ -34,9 +35,10 @@ from dataclasses import dataclass, field
 
 import rados
 
-from cephcsi.ceph import omap
+from cephcsi.ceph import images, omap
 from cephcsi.ceph.leases import KEEPER, Fill, Lease
 from cephcsi.errors import Internal, OperationInFlight
+from cephcsi.volumes import failpoints
 
 LOCK_NAME = "cephcsi.journal"
 
@@ -92,6 +94,9 @@ class Hold:
     claimed: Record | None
     """The record, when the `claim` was written by the op that took the hold (else None: call
     `claim_record`, which also handles a record that exists)."""
+    found: Record | None = None
+    """With `locked(uuid, read=True)`: the record as the hold found it (what `Journal.read`
+    would return right after taking it, read in the same round trip)."""
 
     def ensure_held(self) -> None:
         """Before a step another holder must not see half-done: OperationInFlight once the lease
@@ -106,6 +111,19 @@ class Hold:
         delete (cephcsi.ceph.imagestate finds the id before anything moves the image) handle."""
         self.lease.on_release[IMAGE_ID] = image_id
 
+    def journal_image_id_behind(self, image_name: str) -> None:
+        """Release the hold after the call has answered, journaling the new image's id (read
+        from its `rbd_id` object) with the release: both are bookkeeping a retry and every
+        delete can do without (see `set_image_id_on_release`), so two round trips leave the
+        create's answer path (`Lease.release_behind`)."""
+
+        def image_id(io: rados.Ioctx) -> dict[str, str]:
+            failpoints.reach("create.release-behind")
+            found = images.lookup_id(io, image_name)
+            return {IMAGE_ID: found} if found else {}
+
+        self.lease.release_behind(image_id)
+
 
 class Journal:
     """Journal operations within one pool (and rados namespace) for one driver instance."""
@@ -117,18 +135,19 @@ class Journal:
         self.lock_seconds = lock_seconds
 
     @contextmanager
-    def locked(self, uuid: str, claim: Claim | None = None) -> Iterator[Hold]:
+    def locked(self, uuid: str, claim: Claim | None = None, read: bool = False) -> Iterator[Hold]:
         """Exclusive, cross-process hold on one volume's journal entry and image.
 
         Creates the record object if it is missing (cls_lock does): callers check the record
         afterwards and `discard_orphan` one that nothing points to. With `claim` (for a uuid
         this call just reserved, whose record cannot exist yet) the record is written by the
-        same op that takes the hold — see `Hold.claimed`."""
+        same op that takes the hold — see `Hold.claimed`. With `read`, the record is read in
+        the same round trip as the hold is taken — see `Hold.found`."""
         obj = self._record_object(uuid)
         fill = None
         if claim is not None:
             fill = Fill(self.kind.name_field, self._record_values(claim))
-        with KEEPER.hold(self.io, obj, LOCK_NAME, self.lock_seconds, fill) as lease:
+        with KEEPER.hold(self.io, obj, LOCK_NAME, self.lock_seconds, fill, read=read) as lease:
             if lease is None:
                 raise OperationInFlight(
                     f"another operation on journal entry {obj} is in progress (in this or another driver process, "
@@ -137,7 +156,7 @@ class Journal:
             claimed = None
             if claim is not None and lease.filled:
                 claimed = Record(uuid, claim.name, claim.image_name, extra=tuple(sorted(claim.extra.items())))
-            yield Hold(lease, claimed)
+            yield Hold(lease, claimed, self._parse(uuid, lease.values) if read else None)
 
     def _record_values(self, claim: Claim) -> dict[str, str]:
         return {self.kind.name_field: claim.name, IMAGE_NAME: claim.image_name, **claim.extra}
@@ -196,9 +215,12 @@ class Journal:
     def read(self, uuid: str) -> Record | None:
         """The record, or None when it does not exist. A record object with no name in it (only
         a lock, from a create that died right after locking) reads as None too."""
-        values = omap.read(self.io, self._record_object(uuid))
-        if not values or not values.get(self.kind.name_field):
+        return self._parse(uuid, omap.read(self.io, self._record_object(uuid)))
+
+    def _parse(self, uuid: str, stored: dict[str, str] | None) -> Record | None:
+        if not stored or not stored.get(self.kind.name_field):
             return None
+        values = dict(stored)
         name = values.pop(self.kind.name_field, "")
         image_name = values.pop(IMAGE_NAME, "") or f"{self.kind.default_image_prefix}{uuid}"
         image_id = values.pop(IMAGE_ID, "")

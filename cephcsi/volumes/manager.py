@@ -124,9 +124,14 @@ class VolumeManager:
                             image_id, size, made = self._ensure_image(io, request, record.image_name, maybe_exists=not fresh)
                         # A new image has no metadata to read first.
                         image_metadata.ensure(io, record.image_name, request.metadata, known_empty=made)
-                        if record.image_id != image_id:
-                            # Written with the lease's release: a crash before it leaves the
-                            # id unjournaled, which a retry and every delete handle.
+                        if made and not image_id:
+                            # A new image: its id is read and journaled, and the lease
+                            # released, after the answer (a crash first leaves the id
+                            # unjournaled, which a retry and every delete handle, and the
+                            # lease to lapse).
+                            hold.journal_image_id_behind(record.image_name)
+                        elif record.image_id != image_id:
+                            # Written with the lease's release, for the same reason.
                             hold.set_image_id_on_release(image_id)
                         return Volume(
                             volume_id=VolumeId(params.cluster_id, io.get_pool_id(), uuid),
@@ -191,7 +196,7 @@ class VolumeManager:
     def _ensure_image(self, io: rados.Ioctx, request: CreateRequest, name: str,
                       maybe_exists: bool = True) -> tuple[str, int, bool]:
         """(image id, size, made by this call) of the volume's image, creating it when it does
-        not exist yet.
+        not exist yet; the id is '' for an image this call made (not read: see create).
 
         `maybe_exists` is False for a name reserved by this very call: nothing can have made its
         image yet, so the existence probe is skipped (create still handles a taken name)."""
@@ -199,7 +204,7 @@ class VolumeManager:
         info = images.stat(io, name) if maybe_exists and images.lookup_id(io, name) is not None else None
         if info is None:
             log.info("creating image", extra=fields(image=name, pool=params.pool, bytes=request.size))
-            image_id = images.create(io, name, request.size, params.features, params.data_pool)
+            image_id = images.create(io, name, request.size, params.features, params.data_pool, with_id=False)
             failpoints.reach("create.after-image")
             return image_id, request.size, True
         if not fits(info.size, request.required_bytes, request.limit_bytes):
@@ -230,7 +235,7 @@ class VolumeManager:
                 journal = self._journal(io)
                 # Locked even when no record is visible: a create that was killed right after
                 # locking leaves an empty record object, which this removes.
-                with journal.locked(volume_id.object_uuid) as hold:
+                with journal.locked(volume_id.object_uuid, read=True) as hold:
                     self._delete_locked(session, io, pool, journal, hold, volume_id.object_uuid)
                 log.info("volume deleted", extra=fields(volume_id=volume_id_text))
 
@@ -238,7 +243,7 @@ class VolumeManager:
                        uuid: str) -> None:
         """Image first, then the name, then the record: a record is removed only once its
         image is gone or queued with the mgr, so a retry after any crash still finds it."""
-        record = journal.read(uuid)
+        record = hold.found
         if record is None or record.get(JOURNAL_POOL):
             # No name here, or a name key in another pool: a volume ceph-csi journaled apart
             # from its image (split_journal), or (no name) a create killed right after locking.
@@ -291,7 +296,12 @@ class VolumeManager:
     def _remove_image(self, session: Session, io: rados.Ioctx, pool: str, journal: Journal, record: Record) -> None:
         """Take the image out of service from whatever state an earlier, killed attempt (ours,
         or librbd's inside one call) left it in; see cephcsi.ceph.imagestate for the states."""
-        state = imagestate.inspect(io, record.image_name, record.image_id)
+        inspection = imagestate.Inspection(io, record.image_name, record.image_id)
+        # The read-only open that checks a live image for users and snapshots (most of a
+        # delete's own cost) runs while the inspection's reads are in flight; it is only used
+        # once they say the image is live.
+        usage = dependents.probe(io, record.image_name)
+        state = inspection.result()
         if state.image_id and state.image_id != record.image_id:
             # Journal the id before anything moves the image: once it leaves the directory the
             # id is the only way to find it.
@@ -307,7 +317,7 @@ class VolumeManager:
                 "run `cephcsi audit` to inspect it"
             )
         if state.live:
-            snaps = dependents.require_unused(io, record.image_name)
+            snaps = dependents.require_unused(io, record.image_name, usage)
             # Snapshots or clones still read through it: librbd purges it after them.
             if dependents.defer_if_parent(io, state, snaps):
                 return
@@ -319,7 +329,9 @@ class VolumeManager:
             # Answer FAILED_PRECONDITION instead until the watch expires; the retry then queues
             # a purge that succeeds at once. (A live image was checked before the move.)
             trash.require_unused(io, record.image_name, state.image_id)
-        if dependents.purged_by_librbd(io, state.image_id):
+        # A live image was just moved by trash_move (source USER): only a resumed move can have
+        # left a parent's entry that librbd purges itself.
+        if not state.live and dependents.purged_by_librbd(io, state.image_id):
             return
         trash.purge(session, io, pool, state.image_id, self.inline_purges)
 

@@ -11,6 +11,7 @@ import pytest
 import rados
 
 from cephcsi.ceph import omap
+from cephcsi.ceph.batch import Batch
 from cephcsi.ceph.leases import Fill, LeaseKeeper
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.pool_state import admin_ioctx
@@ -96,3 +97,36 @@ def test_a_lease_with_a_fill_and_values_on_release(io: rados.Ioctx) -> None:
         assert lease is not None and not lease.filled, "the record exists: the lease alone"
     assert (omap.read(io, obj) or {})["name"] == "pvc"
     omap.remove_object(io, obj)
+
+
+def test_lock_then_read_sees_the_object_as_the_lock_found_it(io: rados.Ioctx) -> None:
+    obj = _obj()
+    assert omap.set_if_absent(io, obj, "name", "pvc-1")
+    assert omap.try_lock_then_read(io, obj, LOCK, "a", 10) == (True, {"name": "pvc-1"})
+    # Busy: nothing is read (a value read beside someone else's lock would be a guess).
+    assert omap.try_lock_then_read(io, obj, LOCK, "b", 10) == (False, None)
+    assert not omap.try_lock(io, obj, LOCK, "b", 10), "the first lock is a real exclusive cls_lock"
+    omap.unlock(io, obj, LOCK, "a")
+    # A missing object: the lock creates it (cls_lock does), and the read, ordered after the
+    # lock, finds it empty rather than missing.
+    fresh = _obj()
+    assert omap.try_lock_then_read(io, fresh, LOCK, "c", 10) == (True, {})
+    assert _exists(io, fresh)
+    omap.remove_object(io, fresh)
+    omap.remove_object(io, obj)
+
+
+def test_a_batch_reads_several_objects_at_once(io: rados.Ioctx) -> None:
+    obj, data, missing = _obj(), _obj(), _obj()
+    assert omap.set_if_absent(io, obj, "a", "1") and omap.set_if_absent(io, obj, "b", "2")
+    io.write_full(data, b"\x03\x00\x00\x00abc")
+    batch = Batch(io)
+    some, every, absent = batch.omap(obj, ("a",)), batch.omap(obj), batch.omap(missing)
+    content, no_content = batch.read(data, 4096), batch.read(missing, 16)
+    there, not_there = batch.stat(data), batch.stat(missing)
+    batch.wait()
+    assert some.result() == {"a": b"1"} and every.result() == {"a": b"1", "b": b"2"} and absent.result() is None
+    assert content.result() == b"\x03\x00\x00\x00abc" and no_content.result() is None
+    assert there.result() is True and not_there.result() is False
+    omap.remove_object(io, obj)
+    omap.remove_object(io, data)

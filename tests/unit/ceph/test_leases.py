@@ -2,6 +2,8 @@
 renewal may land after the removal (it would recreate the object)."""
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -17,9 +19,23 @@ pytestmark = pytest.mark.unit
 class FakeIoctx:
     """The calls leases and omap.remove_object make, recorded."""
 
-    def __init__(self, fail_remove: bool = False) -> None:
-        self.calls: list[tuple[str, ...]] = []
+    def __init__(self, fail_remove: bool = False, calls: list[tuple[str, ...]] | None = None) -> None:
+        self.calls: list[tuple[str, ...]] = [] if calls is None else calls
         self.fail_remove = fail_remove
+        self.closed = False
+
+    def get_pool_id(self) -> int:
+        return 1
+
+    def get_namespace(self) -> str:
+        return ""
+
+    def dup(self) -> FakeIoctx:
+        self.calls.append(("dup",))
+        return FakeIoctx(self.fail_remove, self.calls)
+
+    def close(self) -> None:
+        self.closed = True
 
     def lock_exclusive(self, obj: str, name: str, cookie: str, **kwargs: Any) -> None:
         self.calls.append(("lock", obj))
@@ -129,3 +145,58 @@ def test_a_renewed_lease_is_held_from_the_renewal_on(monkeypatch: pytest.MonkeyP
         keeper._renew(lease)
         clock.now += 9.9
         lease.ensure_held()  # 18.9 s after the lock, 9.9 s after the renewal
+
+
+def test_a_release_behind_runs_after_the_hold_and_a_second_hold_waits_for_it() -> None:
+    keeper = LeaseKeeper()
+    io = FakeIoctx()
+    go = threading.Event()
+    seen: list[FakeIoctx] = []
+
+    def values(release_io: rados.Ioctx) -> dict[str, str]:
+        seen.append(release_io)  # type: ignore[arg-type]
+        go.wait(5)
+        return {}
+
+    with keeper.hold(io, "csi.volume.e", "cephcsi.journal", 10) as held:  # type: ignore[arg-type]
+        assert held
+        held.release_behind(values)
+    assert io.calls == [("lock", "csi.volume.e"), ("dup",)], "the holder answered before the release"
+    second: list[tuple[str, ...]] = []
+    waiter = threading.Thread(target=lambda: second.extend(_hold_once(keeper, io, "csi.volume.e")))
+    waiter.start()
+    time.sleep(0.2)
+    assert not second, "a hold of the same object in this process waits for the release"
+    go.set()
+    waiter.join(5)
+    assert io.calls[2:] == [("unlock", "csi.volume.e"), ("lock", "csi.volume.e"), ("unlock", "csi.volume.e")]
+    assert seen and seen[0] is not io and seen[0].closed, "the release used its own I/O context and closed it"
+    assert keeper.drain(1)
+
+
+def test_a_failed_call_releases_before_it_answers() -> None:
+    keeper = LeaseKeeper()
+    io = FakeIoctx()
+    with pytest.raises(errors.Internal):
+        with keeper.hold(io, "csi.volume.f", "cephcsi.journal", 10) as held:  # type: ignore[arg-type]
+            assert held
+            held.release_behind(lambda _: {})
+            raise errors.Internal("the call failed")
+    assert io.calls == [("lock", "csi.volume.f"), ("unlock", "csi.volume.f")]
+
+
+def test_drain_waits_for_releases_behind_answers() -> None:
+    keeper = LeaseKeeper()
+    io = FakeIoctx()
+    go = threading.Event()
+    with keeper.hold(io, "csi.volume.g", "cephcsi.journal", 10) as held:  # type: ignore[arg-type]
+        assert held
+        held.release_behind(lambda _: {} if go.wait(5) else {})
+    assert not keeper.drain(0.1)
+    go.set()
+    assert keeper.drain(5) and io.calls[-1] == ("unlock", "csi.volume.g")
+
+
+def _hold_once(keeper: LeaseKeeper, io: FakeIoctx, obj: str) -> list[tuple[str, ...]]:
+    with keeper.hold(io, obj, "cephcsi.journal", 10) as held:  # type: ignore[arg-type]
+        return [("held",)] if held else []
