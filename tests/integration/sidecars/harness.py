@@ -183,10 +183,13 @@ class Kube:
     def attachments(self) -> list[dict[str, Any]]:
         return self._json(self.storage.list_volume_attachment(_preload_content=False))["items"]  # type: ignore[no-any-return]
 
-    def events(self, namespace: str, name: str) -> list[tuple[str, str, str]]:
-        """(type, reason, message) of the Events about object `name` in `namespace`."""
+    def events(self, namespace: str, name: str, component: str | None = None) -> list[tuple[str, str, str]]:
+        """(type, reason, message) of the Events about object `name` in `namespace`; with `component`,
+        only those it reported (kube-controller-manager's PV binder reports ProvisioningFailed too,
+        e.g. for a claim that reached it before its StorageClass did)."""
         items = self._json(self.core.list_namespaced_event(namespace, _preload_content=False))["items"]
-        return [(e["type"], e["reason"], e["message"]) for e in items if e["involvedObject"].get("name") == name]
+        return [(e["type"], e["reason"], e["message"]) for e in items if e["involvedObject"].get("name") == name
+                and (component is None or (e.get("source") or {}).get("component") == component)]
 
     def delete_pvc(self, namespace: str, name: str) -> None:
         try:

@@ -9,6 +9,7 @@ import pytest
 
 from tests.integration.sidecars.conftest import Env, StartControllers
 from tests.integration.sidecars.harness import (
+    DRIVER,
     PROVISIONING_FINALIZER,
     images_with,
     journal_names,
@@ -80,7 +81,7 @@ def test_claim_deleted_while_ceph_hangs_is_cleaned_up(env: Env, start_controller
         wait_for("the finalizer (CreateVolume about to run)", lambda: PROVISIONING_FINALIZER in (
             (env.kube.pvc(kube_namespace, "data") or {})["metadata"].get("finalizers") or []))
         failed = wait_for("ProvisioningFailed from the bounded call", lambda: [
-            m for _t, r, m in env.kube.events(kube_namespace, "data") if r == "ProvisioningFailed"], timeout=30)
+            m for _t, r, m in env.kube.events(kube_namespace, "data", DRIVER) if r == "ProvisioningFailed"], timeout=30)
         assert any("DeadlineExceeded" in m or "Unavailable" in m for m in failed), failed
         env.kube.delete_pvc(kube_namespace, "data")
     finally:

@@ -117,7 +117,7 @@ def test_bad_parameter_fails_clearly_and_creates_nothing(env: Env, start_control
     storage_class = kube.create_storage_class(ceph, env.secret, prefix=prefix, parameters={"imageFeatures": "fast-diff"})
     kube.create_pvc(kube_namespace, "data", storage_class)
     failures = wait_for("a ProvisioningFailed event", lambda: [
-        (t, m) for t, r, m in kube.events(kube_namespace, "data") if r == "ProvisioningFailed"])
+        (t, m) for t, r, m in kube.events(kube_namespace, "data", DRIVER) if r == "ProvisioningFailed"])
     event_type, message = failures[0]
     assert event_type == "Warning"
     assert message == (f'failed to provision volume with StorageClass "{storage_class}": rpc error: code = '
@@ -137,7 +137,7 @@ def test_missing_secret_is_reported(env: Env, start_controllers: StartController
     storage_class = kube.create_storage_class(ceph, (env.secret[0], "no-such-secret"), prefix=prefix)
     kube.create_pvc(kube_namespace, "data", storage_class)
     failures = wait_for("a ProvisioningFailed event", lambda: [
-        m for _t, r, m in kube.events(kube_namespace, "data") if r == "ProvisioningFailed"])
+        m for _t, r, m in kube.events(kube_namespace, "data", DRIVER) if r == "ProvisioningFailed"])
     assert 'secrets "no-such-secret" not found' in failures[0]
     assert not images_with(ceph, prefix)
     kube.delete_pvc(kube_namespace, "data")
