@@ -47,8 +47,8 @@ class Pending(Generic[T]):
         return self._value  # type: ignore[no-any-return]
 
     def _settle(self) -> None:
+        """After the op completed (and its callback ran)."""
         assert self.completion is not None and self.decode is not None
-        self.completion.wait_for_complete_and_cb()
         self._error = self.completion.get_return_value()
         if self._error >= 0:
             # Decoded before the read op is released: an omap iterator lives in the op's reply.
@@ -106,6 +106,11 @@ class Batch:
 
     def wait(self) -> None:
         """Wait for every submitted op (and its callback); errors surface in `result()`."""
+        # Every op completes before any is released (releasing an op in flight would free
+        # what librados is about to write into).
+        for pending in self._pending:
+            assert pending.completion is not None
+            pending.completion.wait_for_complete_and_cb()
         try:
             for pending in self._pending:
                 pending._settle()
