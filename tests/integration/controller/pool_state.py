@@ -86,8 +86,10 @@ print("done", flush=True)
 """
 
 
-def kill_inside(cluster: CephTestCluster, op: str, name: str, image_id: str = "", max_delay: float = 0.03) -> None:
-    """Run one librbd call in a child and SIGKILL it a random instant after it starts."""
+def kill_inside(cluster: CephTestCluster, op: str, name: str, image_id: str = "", max_delay: float = 0.03,
+                delay: float | None = None) -> None:
+    """Run one librbd call in a child and SIGKILL it a random instant after it starts (or
+    `delay` seconds after, for a caller sweeping the call's duration)."""
     child = subprocess.Popen(
         [sys.executable, "-c", _CHILD, op, cluster.pool, cluster.mon_host, cluster.admin_key, name, image_id],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -96,7 +98,7 @@ def kill_inside(cluster: CephTestCluster, op: str, name: str, image_id: str = ""
     assert child.stdout.readline().strip() == "ready"
     child.stdin.write("go\n")
     child.stdin.flush()
-    time.sleep(random.uniform(0, max_delay))
+    time.sleep(random.uniform(0, max_delay) if delay is None else delay)
     child.kill()
     child.wait()
 

@@ -7,6 +7,8 @@ entry, no trash entry (after the mgr purges), no journal object.
 """
 from __future__ import annotations
 
+import itertools
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -68,10 +70,18 @@ def test_delete_finishes_a_trash_move_killed_inside_librbd(controller: DriverPro
     removed the journal anyway and leaked them."""
     baseline = read_pool(ceph_cluster)
     seen: set[tuple[bool, bool]] = set()
+    # The kill instant sweeps the call's first 30 ms in 1 ms steps (with jitter) rather than
+    # landing at random: one MOVING shape lasts about a millisecond on a fast host, and 80 random
+    # instants could miss it (seen once in a full run).
+    attempt = itertools.count()
+
+    def sweep(_vid: str, name: str) -> None:
+        kill_inside(ceph_cluster, "trash_move", name, delay=next(attempt) % 30 * 0.001 + random.uniform(0, 0.001))
+
     for _ in range(2):  # two MOVING shapes at least (with/without the directory entry)
         volume_id, state = until_state(
             _creator(controller, ceph_cluster),
-            lambda _vid, name: kill_inside(ceph_cluster, "trash_move", name, max_delay=0.02),
+            sweep,
             lambda s: _moving(s) and (s.directory, s.id_object) not in seen,
             ceph_cluster,
             lambda vid: _delete(controller, ceph_cluster, vid),
