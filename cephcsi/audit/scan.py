@@ -28,7 +28,7 @@ from cephcsi.audit.model import (
     Snapshot,
     TrashView,
 )
-from cephcsi.ceph import encoding, image_metadata, imagestate, omap
+from cephcsi.ceph import encoding, image_metadata, images, imagestate, omap
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import CephCSIError, Internal
@@ -204,7 +204,7 @@ def read_id_objects(io: rados.Ioctx, names: list[str], directory: dict[str, str]
         if not obj.startswith(ID_PREFIX):
             continue
         name = obj[len(ID_PREFIX):]
-        image_id = directory.get(name) or imagestate.id_from_id_object(io, name)
+        image_id = directory.get(name) or images.read_id_object(io, name)
         if image_id is not None:
             found[name] = image_id
     return found

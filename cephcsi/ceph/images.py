@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import rados
 import rbd
 
+from cephcsi.ceph import encoding
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import Internal
 from cephcsi.observability.logging import fields
@@ -54,13 +55,22 @@ def lookup_id(io: rados.Ioctx, name: str) -> str | None:
     common existence check. The object exists from early in `create`, so a complete image
     always has it, but so may the debris of a crashed create; `stat` tells them apart.
     """
+    return read_id_object(io, name) or None
+
+
+def read_id_object(io: rados.Ioctx, name: str) -> str | None:
+    """What `rbd_id.<name>` holds (possibly '', for debris), or None when it is missing."""
     with ceph_call("look up image id", f"image {name!r}"):
         try:
             raw = io.read(f"rbd_id.{name}", 4096)
         except rados.ObjectNotFound:
             return None
-    length = int.from_bytes(raw[:4], "little")
-    return raw[4 : 4 + length].decode() or None
+    return decode_id_object(raw)
+
+
+def decode_id_object(raw: bytes) -> str | None:
+    """The id an `rbd_id.<name>` object holds (a Ceph string); None for a shorter object."""
+    return encoding.read_string(raw)[0] if len(raw) >= 4 else None
 
 
 def stat(io: rados.Ioctx, name: str, with_watchers: bool = False) -> ImageInfo | None:

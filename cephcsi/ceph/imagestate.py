@@ -26,9 +26,8 @@ from dataclasses import dataclass
 
 import rados
 
-from cephcsi.ceph import encoding, omap
+from cephcsi.ceph import encoding, images, omap
 from cephcsi.ceph.batch import Batch, Pending
-from cephcsi.ceph.errors import ceph_call
 
 DIRECTORY = "rbd_directory"
 TRASH = "rbd_trash"
@@ -96,18 +95,12 @@ def decode_trash_entry(image_id: str, raw: bytes) -> TrashEntry:
     return TrashEntry(image_id, name, state, source)
 
 
-def id_from_id_object(io: rados.Ioctx, name: str) -> str | None:
-    with ceph_call("look up image id", f"image {name!r}"):
-        try:
-            raw = io.read(f"rbd_id.{name}", 4096)
-        except rados.ObjectNotFound:
-            return None
-    return encoding.read_string(raw)[0] if len(raw) >= 4 else None
-
-
 def trash_entry(io: rados.Ioctx, image_id: str) -> TrashEntry | None:
-    key = f"id_{image_id}"
-    raw = (omap.read_raw(io, TRASH, (key,)) or {}).get(key)
+    return _trash_entry_in(omap.read_raw(io, TRASH, (f"id_{image_id}",)), image_id)
+
+
+def _trash_entry_in(values: dict[str, bytes] | None, image_id: str) -> TrashEntry | None:
+    raw = (values or {}).get(f"id_{image_id}")
     return decode_trash_entry(image_id, raw) if raw else None
 
 
@@ -158,7 +151,7 @@ class Inspection:
     def result(self) -> ImageState:
         self._batch.wait()
         raw_id = self._id_object.result()
-        from_id_object = encoding.read_string(raw_id)[0] if raw_id is not None and len(raw_id) >= 4 else None
+        from_id_object = images.decode_id_object(raw_id) if raw_id is not None else None
         raw_entry = (self._directory.result() or {}).get(f"name_{self.name}")
         from_directory = encoding.read_string(raw_entry)[0] if raw_entry else None
         image_id = self.known_id or from_id_object or from_directory or ""
@@ -171,12 +164,11 @@ class Inspection:
             by_id = self._traces_of(batch, image_id)
             batch.wait()
         header, trash = by_id if by_id is not None else (None, None)
-        raw_trash = (trash.result() or {}).get(f"id_{image_id}") if trash is not None else None
         return ImageState(
             name=self.name,
             image_id=image_id,
             id_object=from_id_object is not None,
             directory=from_directory is not None,
             header=header.result() if header is not None else False,
-            trash=decode_trash_entry(image_id, raw_trash) if raw_trash else None,
+            trash=_trash_entry_in(trash.result(), image_id) if trash is not None else None,
         )

@@ -55,7 +55,7 @@ def probe(io: rados.Ioctx, name: str) -> Usage | None:
         return None
 
 
-def _usage(io: rados.Ioctx, name: str) -> Usage | None:
+def _usage(io: rados.Ioctx, name: str) -> Usage:
     with rbd.Image(io, name, read_only=True) as image:
         return Usage(tuple(image.watchers_list()), layering.list_snaps(image))
 
