@@ -12,8 +12,10 @@ volumes it never staged. ceph-csi's layout (internal/rbd/nodeserver.go, rbd_util
 Here such a stage is:
 - unstaged as ceph-csi unstages it: unmount `<staging>/<volume id>` (refused while a publish
   still uses it), remove it, unmap the stash's image with the mapper the stash names (krbd, or
-  rbd-nbd when `accessType` is true), remove the stash. LUKS-encrypted volumes are refused:
-  cephcsi does not implement encryption, and closing the dm-crypt device is ceph-csi's job;
+  rbd-nbd when `accessType` is true), for rbd-nbd apply the stash's `logFileStrategy` to the
+  daemon's log file `<logDir>/rbd-nbd-<volume id>.log` (apply_log_strategy), remove the stash.
+  LUKS-encrypted volumes are refused: cephcsi does not implement encryption, and closing the
+  dm-crypt device is ceph-csi's job;
 - published from, binding `<staging>/<volume id>` (a new pod on a node where ceph-csi staged
   the volume: the kubelet publishes without staging again);
 - taken as staged by NodeStageVolume (a kubelet restart re-stages what it finds), so the same
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 
 from cephcsi.errors import FailedPrecondition, Internal
 from cephcsi.node import mounts
+from cephcsi.node.legacy_logs import apply_log_strategy
 from cephcsi.node.mappers import options as map_options
 from cephcsi.node.mappers.base import KRBD, NBD, Mapper
 from cephcsi.node.stage_record import ACCESS_MOUNT, StageRecord
@@ -47,6 +50,8 @@ class CephCsiStash:
     unmap_options: str = ""
     nbd: bool = False
     encrypted: bool = False
+    log_dir: str = ""
+    log_strategy: str = ""
 
 
 def mount_path(staging_path: str, volume_id: str) -> str:
@@ -67,7 +72,8 @@ def load_stash(staging_path: str) -> CephCsiStash | None:
     return CephCsiStash(
         pool=str(doc["pool"]), image=str(doc["image"]), namespace=str(doc.get("radosNamespace") or ""),
         unmap_options=str(doc.get("unmapOptions") or ""), nbd=doc.get("accessType") is True,
-        encrypted=doc.get("encrypted") is True,
+        encrypted=doc.get("encrypted") is True, log_dir=str(doc.get("logDir") or ""),
+        log_strategy=str(doc.get("logFileStrategy") or ""),
     )
 
 
@@ -120,6 +126,10 @@ class LegacyUnstager:
             unmap_options=map_options.parse(stash.unmap_options, mapper_name, "unmapOptions"),
         )
         self.mappers[mapper_name].unmap(record)  # finds the device by image; nothing mapped is fine
+        if stash.nbd:
+            # Also when nothing was mapped any more (where ceph-csi skips it): a retry after a crash
+            # between the unmap and this step must still handle the file, and no daemon writes it now.
+            apply_log_strategy(volume_id, stash.log_dir, stash.log_strategy)
 
     def _publications(self, anchor: mounts.MountEntry, table: list[mounts.MountEntry], staging_path: str) -> list[str]:
         others = mounts.mounts_sharing(anchor, table)

@@ -9,9 +9,11 @@ This node has no rbd/nbd kernel modules, so ceph-csi's krbd mapping is stood in 
 device of a cephcsi fuse stage elsewhere; what is tested is the layout handling (mounts, stash,
 refusals), and that the krbd unmap finds nothing mapped and succeeds. An rbd-nbd stage
 (`accessType` true) is checked by the argv of its unmap, through an `rbd` on PATH that answers
-for nbd as `rbd-nbd list-mapped` does and passes everything else to the real tool."""
+for nbd as `rbd-nbd list-mapped` does and passes everything else to the real tool, and by what
+its unstage leaves of the daemon's log file (the stash's `logDir`/`logFileStrategy`)."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -32,13 +34,14 @@ from tests.integration.node.conftest import NodeEnv, Volume, assert_no_leftovers
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
 
 
-def write_stash(staging: str, pool: str, image: str, nbd_device: str = "") -> None:
+def write_stash(staging: str, pool: str, image: str, nbd_device: str = "", log_dir: str = "/var/log/ceph",
+                log_strategy: str = "remove") -> None:
     """ceph-csi's image-meta.json: krbd, or rbd-nbd (`accessType` true, its device and log
     settings) when nbd_device is given."""
     with open(os.path.join(staging, "image-meta.json"), "w") as handle:
         json.dump({"Version": 3, "pool": pool, "radosNamespace": "", "image": image, "unmapOptions": "",
                    "accessType": bool(nbd_device), "encrypted": False, "device": nbd_device,
-                   "logDir": "/var/log/ceph" if nbd_device else "", "logFileStrategy": "remove" if nbd_device else ""},
+                   "logDir": log_dir if nbd_device else "", "logFileStrategy": log_strategy if nbd_device else ""},
                   handle)
 
 
@@ -193,7 +196,9 @@ def nbd_node(env: NodeEnv) -> Iterator[tuple[DriverProcess, str, str]]:
         driver.stop()
 
 
-def test_rbd_nbd_stage_of_ceph_csi_is_unmapped_with_rbd_nbd(env: NodeEnv, nbd_node: tuple[DriverProcess, str, str]) -> None:
+@pytest.mark.parametrize("strategy", ["remove", "compress", "preserve"])
+def test_rbd_nbd_stage_of_ceph_csi_is_unmapped_with_rbd_nbd(env: NodeEnv, nbd_node: tuple[DriverProcess, str, str],
+                                                            strategy: str) -> None:
     driver, bin_dir, calls = nbd_node
     volume_id = VolumeId(env.cluster.cluster_id, 1, str(uuid.uuid4())).encode()
     image, device = f"csi-vol-{volume_id[-36:]}", "/dev/nbd7"
@@ -205,9 +210,16 @@ def test_rbd_nbd_stage_of_ceph_csi_is_unmapped_with_rbd_nbd(env: NodeEnv, nbd_no
     os.chmod(fake, 0o755)
     open(mapped, "w").close()
 
-    # ceph-csi's rbd-nbd stage; its filesystem stood in for by a tmpfs (no nbd module here).
+    # ceph-csi's rbd-nbd stage; its filesystem stood in for by a tmpfs (no nbd module here). Its
+    # rbd-nbd daemon logged to <logDir>/rbd-nbd-<volume id>.log, beside another volume's log.
+    log_dir = tempfile.mkdtemp(prefix="cephlog-", dir=env.root)
+    log_name, other_name = f"rbd-nbd-{volume_id}.log", "rbd-nbd-another-volume.log"
+    log_text = b"rbd-nbd: mapped\n" * 1000
+    for name in (log_name, other_name):
+        with open(os.path.join(log_dir, name), "wb") as handle:
+            handle.write(log_text)
     staging = env.staging()
-    write_stash(staging, env.cluster.pool, image, nbd_device=device)
+    write_stash(staging, env.cluster.pool, image, nbd_device=device, log_dir=log_dir, log_strategy=strategy)
     mount_point = os.path.join(staging, volume_id)
     os.mkdir(mount_point, 0o750)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mount_point], check=True)
@@ -220,3 +232,12 @@ def test_rbd_nbd_stage_of_ceph_csi_is_unmapped_with_rbd_nbd(env: NodeEnv, nbd_no
         argv = [line.strip() for line in handle]
     assert f"device unmap --device-type nbd {device}" in argv, argv
     assert not os.path.exists(mapped)
+
+    # What ceph-csi's unstage does to the log (its names: `.log` becomes `.gz`, not `.log.gz`).
+    left = {"remove": [other_name], "compress": [f"rbd-nbd-{volume_id}.gz", other_name],
+            "preserve": [log_name, other_name]}[strategy]
+    assert sorted(os.listdir(log_dir)) == sorted(left)
+    for name in left:
+        with open(os.path.join(log_dir, name), "rb") as handle:
+            data = handle.read()
+        assert (gzip.decompress(data) if name.endswith(".gz") else data) == log_text
