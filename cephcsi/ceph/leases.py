@@ -107,13 +107,14 @@ class LeaseKeeper:
 
     @contextmanager
     def hold(self, io: rados.Ioctx, obj: str, name: str, seconds: float, fill: Fill | None = None,
-             read: bool = False) -> Iterator[Lease | None]:
+             read: bool = False, existing: bool = False) -> Iterator[Lease | None]:
         """Yields the lease, or None (holding nothing) when another holder has it.
 
         With `fill`, the lease and the fill are one write op when the guard key is absent (the
         common case: a record this call reserved), else the lease alone (`Lease.filled` says).
         With `read` (and no fill), the object's omap is read in the same round trip, ordered
-        after the lock (`Lease.values`)."""
+        after the lock (`Lease.values`); with `existing` too, a missing object raises NotFound
+        instead of being created by the lock."""
         self._await_release(io, obj, seconds)
         cookie = uuidlib.uuid4().hex
         filled = locked = False
@@ -126,7 +127,7 @@ class LeaseKeeper:
                 return
             filled = locked = outcome == "filled"
         elif read:
-            locked, values = omap.try_lock_then_read(io, obj, name, cookie, seconds)
+            locked, values = omap.try_lock_then_read(io, obj, name, cookie, seconds, existing)
             if not locked:
                 yield None
                 return

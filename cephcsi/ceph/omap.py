@@ -20,6 +20,10 @@ from cephcsi.ceph.errors import ceph_call, error_number
 # librados.h LIBRADOS_LOCK_FLAG_RENEW (bit 0); the Pacific bindings do not export the constant.
 LOCK_FLAG_RENEW = 1
 
+# A write op creates a missing object; comparing a key nobody sets fails with ENOENT on a missing
+# object instead, and passes on any existing one (the bindings have no assert_exists).
+_NEVER_SET = "cephcsi.never-set"
+
 RemovalHook = Callable[[rados.Ioctx, str], AbstractContextManager[None]]
 _removal_hook: RemovalHook = lambda io, obj: nullcontext()  # noqa: E731 - replaced by cephcsi.ceph.leases
 
@@ -160,15 +164,18 @@ def try_lock_and_fill(io: rados.Ioctx, obj: str, name: str, cookie: str, seconds
                 raise
 
 
-def try_lock_then_read(io: rados.Ioctx, obj: str, name: str, cookie: str,
-                       seconds: float) -> tuple[bool, dict[str, str] | None]:
+def try_lock_then_read(io: rados.Ioctx, obj: str, name: str, cookie: str, seconds: float,
+                       existing: bool = False) -> tuple[bool, dict[str, str] | None]:
     """`try_lock`, and the object's omap as it is once the lock is ours, in one round trip.
 
     The read is submitted right behind the lock, ordered after it (ORDER_READS_WRITES), so it
     sees what the lock holder sees; when the lock is busy its result is dropped. Returns
-    (locked, omap or None when the object held nothing but our lock's creation)."""
+    (locked, omap or None when the object held nothing but our lock's creation). With
+    `existing`, a missing object is not created (cls_lock would) but NotFound is raised."""
     with ceph_call("lock object", f"object {obj!r}"):
         with rados.WriteOpCtx() as op:
+            if existing:
+                op.omap_cmp(_NEVER_SET, "", rados.LIBRADOS_CMPXATTR_OP_EQ)
             op.execute("lock", "lock", lock_request(name, cookie, seconds))
             locking = io.operate_aio_write_op(op, obj)
             batch = Batch(io)
@@ -233,9 +240,7 @@ def update(io: rados.Ioctx, obj: str, values: dict[str, str]) -> None:
     with ceph_call("update omap", f"object {obj!r}"):
         with rados.WriteOpCtx() as op:
             io.set_omap(op, tuple(values), tuple(v.encode() for v in values.values()))
-            # A plain write op would create a missing object; comparing a key that is never set
-            # fails with ENOENT on a missing object instead (the bindings have no assert_exists).
-            op.omap_cmp("cephcsi.never-set", "", rados.LIBRADOS_CMPXATTR_OP_EQ)
+            op.omap_cmp(_NEVER_SET, "", rados.LIBRADOS_CMPXATTR_OP_EQ)  # fail, not create, when gone
             io.operate_write_op(op, obj)
 
 

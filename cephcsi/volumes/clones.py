@@ -145,6 +145,11 @@ class Cloner:
         journal = sources.snapshot_journal(io, self.instance_id, self.lock_seconds)
         entry = sources.read_entry(io, pool, entry_id, journal, "source snapshot")
         name = entry.record.image_name
+        size_text = entry.record.get(sources.FINISHED_SIZE)
+        if size_text.isdigit() and entry.record.image_id:
+            # A finished snapshot (its restore point exists; a snapshot image is never resized).
+            # If the restore point was removed by hand since, the clone fails NOT_FOUND.
+            return Parent(io, name, name, int(size_text), entry.record.image_id)
         with ceph_call("open snapshot image", f"image {name!r}"):
             try:
                 with rbd.Image(io, name, read_only=True) as image:

@@ -9,8 +9,9 @@ has), so a repeated call always converges on one image of at least the requested
 Exclusion: the call holds the same two locks as DeleteVolume — the per-volume in-process
 KeyLocks (a second call on a busy volume gets ABORTED at once) and the journal lease on the
 volume's record (so another controller process's delete, e.g. an old leader's, cannot run
-between our lookup and the resize). The record is read before the lease is taken: an id
-whose record does not exist is answered NOT_FOUND without creating a lock object for it.
+between our lookup and the resize). The lease is taken only if the record object exists, and
+the record is read in the same round trip: an id whose record does not exist is answered
+NOT_FOUND without creating a lock object for it.
 
 One image open: the checks and the resize share the read-write open that resizes
 (cephcsi.ceph.resize.grow). Its handle is bound to the image's id, so the image whose id is
@@ -26,11 +27,13 @@ size a CreateVolume would have allocated is a no-op, and the size answered is wh
 from __future__ import annotations
 
 import logging
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import rados
 
 from cephcsi.ceph import resize
+from cephcsi.ceph.connection import Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.errors import Internal, InvalidArgument, NotFound, OutOfRange
 from cephcsi.observability.logging import fields
@@ -38,6 +41,7 @@ from cephcsi.volumes import failpoints
 from cephcsi.volumes.capacity import MiB, choose_size
 from cephcsi.volumes.journal import VOLUMES, Journal, Record
 from cephcsi.volumes.manager import VolumeManager
+from cephcsi.volumes.split_journal import JOURNAL_POOL
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
 log = logging.getLogger(__name__)
@@ -103,25 +107,45 @@ def expand(volumes: VolumeManager, request: ExpandRequest) -> Expanded:
         with session.ioctx(pool) as io:
             journal = Journal(io, volumes.instance_id, VOLUMES, lock_seconds=volumes.journal_lock_seconds)
             uuid = volume_id.object_uuid
-            # The record may be in another pool (a volume ceph-csi journaled apart from its
-            # image, cephcsi.volumes.split_journal); the lock is always on this pool's object.
-            # This read before the lease (one omap read for an ordinary volume) stays: cls_lock
-            # creates the object it locks, so locking first would create csi.volume.<uuid> for
-            # any well-formed id that names nothing, and cost a removal on top. Saving it would
-            # take a lock op guarded by assert_exists (failing with ENOENT instead of creating),
-            # which belongs to the lease layer (cephcsi.ceph.leases / omap), and the re-read
-            # under the lease would still be needed: an existing object may hold no record (a
-            # create that died after reserving the uuid; the image-pool half of a split volume).
+            try:
+                # The lease only if the record object exists (else cls_lock would create one for
+                # any well-formed id that names nothing), and the record read in the same round
+                # trip.
+                return _expand_held(volumes, session, io, pool, journal, uuid, request, target, existing=True)
+            except _NoRecordObject:
+                pass
+            # The record may be in another pool (a volume ceph-csi journaled apart from its image,
+            # cephcsi.volumes.split_journal) with no object in this one yet; the lock is always on
+            # this pool's object.
             if volumes.read_record(session, io, pool, uuid) is None:
                 raise NotFound(f"volume {request.volume_id!r} does not exist")
-            with journal.locked(uuid):
-                record = volumes.read_record(session, io, pool, uuid)
-                if record is None:
-                    # Deleted between our read and the lease: the lease re-created an empty
-                    # record object, which nothing points at.
-                    journal.discard_orphan(uuid)
-                    raise NotFound(f"volume {request.volume_id!r} does not exist (deleted meanwhile)")
-                return _grow_locked(io, request, record, target)
+            return _expand_held(volumes, session, io, pool, journal, uuid, request, target, existing=False)
+
+
+class _NoRecordObject(Exception):
+    """The volume's record object does not exist in the pool its id names."""
+
+
+def _expand_held(volumes: VolumeManager, session: Session, io: rados.Ioctx, pool: str, journal: Journal, uuid: str,
+                 request: ExpandRequest, target: int, existing: bool) -> Expanded:
+    """Under the volume's lease: find its record, then grow its image."""
+    with ExitStack() as stack:
+        try:
+            hold = stack.enter_context(journal.locked(uuid, read=True, existing=existing))
+        except NotFound:
+            raise _NoRecordObject() from None
+        record = hold.found
+        if record is None or record.get(JOURNAL_POOL):
+            # No record here, or one whose name key is in another pool: look where ceph-csi
+            # keeps split records.
+            record = volumes.read_record(session, io, pool, uuid)
+        if record is None:
+            if not existing:
+                # Deleted since our read: the lease re-created an empty record object, which
+                # nothing points at.
+                journal.discard_orphan(uuid)
+            raise NotFound(f"volume {request.volume_id!r} does not exist")
+        return _grow_locked(io, request, record, target)
 
 
 def _grow_locked(io: rados.Ioctx, request: ExpandRequest, record: Record, target: int) -> Expanded:

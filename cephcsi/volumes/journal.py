@@ -135,19 +135,21 @@ class Journal:
         self.lock_seconds = lock_seconds
 
     @contextmanager
-    def locked(self, uuid: str, claim: Claim | None = None, read: bool = False) -> Iterator[Hold]:
+    def locked(self, uuid: str, claim: Claim | None = None, read: bool = False,
+               existing: bool = False) -> Iterator[Hold]:
         """Exclusive, cross-process hold on one volume's journal entry and image.
 
         Creates the record object if it is missing (cls_lock does): callers check the record
         afterwards and `discard_orphan` one that nothing points to. With `claim` (for a uuid
         this call just reserved, whose record cannot exist yet) the record is written by the
         same op that takes the hold — see `Hold.claimed`. With `read`, the record is read in
-        the same round trip as the hold is taken — see `Hold.found`."""
+        the same round trip as the hold is taken — see `Hold.found` —, and with `existing` as
+        well a missing record object raises NotFound instead of being created."""
         obj = self._record_object(uuid)
         fill = None
         if claim is not None:
             fill = Fill(self.kind.name_field, self._record_values(claim))
-        with KEEPER.hold(self.io, obj, LOCK_NAME, self.lock_seconds, fill, read=read) as lease:
+        with KEEPER.hold(self.io, obj, LOCK_NAME, self.lock_seconds, fill, read=read, existing=existing) as lease:
             if lease is None:
                 raise OperationInFlight(
                     f"another operation on journal entry {obj} is in progress (in this or another driver process, "

@@ -34,7 +34,7 @@ from cephcsi.errors import AlreadyExists, FailedPrecondition, InvalidArgument, N
 from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import failpoints, flatten, sources
-from cephcsi.volumes.journal import SOURCE, Journal, Record
+from cephcsi.volumes.journal import IMAGE_ID, SOURCE, Journal, Record
 from cephcsi.volumes.manager import VolumeManager
 from cephcsi.volumes.split_journal import parse_name_value
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
@@ -157,7 +157,8 @@ class SnapshotManager:
     def _complete(self, session: Session, io: rados.Ioctx, pool: str, volumes: Journal, snapshots: Journal,
                   record: Record) -> Snapshot:
         name = record.image_name
-        if not self._has_restore_point(io, name):
+        shape = self._restore_point(io, name)
+        if shape is None:
             try:
                 self._cut(session, io, pool, volumes, snapshots, record)
             except NotFound:
@@ -166,9 +167,10 @@ class SnapshotManager:
             with ceph_call("snapshot the snapshot image", f"image {name!r}"), rbd.Image(io, name) as image:
                 # The restore point: restores clone from it; ceph-csi names it like the image.
                 layering.ensure_snap(image, name)
+                shape = _Shape.of(image)  # what the answer needs, from this open instead of another
             failpoints.reach("snapshot.after-restore-point")
         record = snapshots.read(record.uuid) or record
-        return self._describe(session, io, pool, snapshots, record, queue=True)
+        return self._describe(session, io, pool, snapshots, record, shape, queue=True)
 
     @staticmethod
     def _forget(session: Session, io: rados.Ioctx, snapshots: Journal, record: Record) -> None:
@@ -181,15 +183,17 @@ class SnapshotManager:
         snapshots.remove_record(record.uuid)
 
     @staticmethod
-    def _has_restore_point(io: rados.Ioctx, name: str) -> bool:
+    def _restore_point(io: rados.Ioctx, name: str) -> _Shape | None:
+        """The snapshot image's size and id once its restore point exists (the snapshot is
+        finished), else None."""
         if images.lookup_id(io, name) is None:
-            return False  # no image yet (the usual case on a first call): one read, not an open
+            return None  # no image yet (the usual case on a first call): one read, not an open
         with ceph_call("open snapshot image", f"image {name!r}"):
             try:
                 with rbd.Image(io, name, read_only=True) as image:
-                    return layering.user_snap(image, name) is not None
+                    return _Shape.of(image) if layering.user_snap(image, name) is not None else None
             except rbd.ImageNotFound:
-                return False
+                return None
 
     def _cut(self, session: Session, io: rados.Ioctx, pool: str, volumes: Journal, snapshots: Journal,
              record: Record) -> None:
@@ -245,23 +249,24 @@ class SnapshotManager:
             pass  # the source is gone, and its temporary snapshot went with it (or to the trash)
 
     def _describe(self, session: Session, io: rados.Ioctx, pool: str, snapshots: Journal, record: Record,
-                  queue: bool) -> Snapshot:
+                  shape: _Shape, queue: bool) -> Snapshot:
         """The snapshot as CSI reports it; with `queue`, apply the flatten policy to it."""
-        name = record.image_name
-        with ceph_call("open snapshot image", f"image {name!r}"), rbd.Image(io, name, read_only=True) as image:
-            size = int(image.size())
-            image_id = str(image.id())
+        placement = flatten.Placement(pool, io.get_namespace(), record.image_name)
         if queue:
-            chain = flatten.after_create(session, io, image_id, flatten.Placement(pool, io.get_namespace(), name),
-                                         self.policy)
+            chain = flatten.after_create(session, io, shape.image_id, placement, self.policy)
         else:
-            chain = layering.depth(session, io, image_id)
-        if not record.image_id:
-            snapshots.set_image_id(record.uuid, image_id)
+            chain = layering.depth(session, io, shape.image_id)
+        if queue:
+            # CreateSnapshot, under the snapshot's lease: what lets a restore skip opening the image.
+            if record.image_id != shape.image_id or record.get(sources.FINISHED_SIZE) != str(shape.size):
+                snapshots.update(record.uuid, {IMAGE_ID: shape.image_id, sources.FINISHED_SIZE: str(shape.size)})
+        elif not record.image_id:
+            snapshots.set_image_id(record.uuid, shape.image_id)
         created = float(record.get(CREATED) or time.time())
         snapshot_id = VolumeId(sources.decode(record.get(SOURCE_VOLUME_ID), "source volume").cluster_id,
                                io.get_pool_id(), record.uuid).encode()
-        return Snapshot(snapshot_id, record.get(SOURCE_VOLUME_ID), size, created, chain <= self.policy.hard_depth)
+        return Snapshot(snapshot_id, record.get(SOURCE_VOLUME_ID), shape.size, created,
+                        chain <= self.policy.hard_depth)
 
     # ---- DeleteSnapshot ---------------------------------------------------------------------------
 
@@ -301,9 +306,12 @@ class SnapshotManager:
         """A finished snapshot by uuid (None if absent or still being cut)."""
         _, snapshots = self._journals(io, session)
         record = snapshots.read(uuid)
-        if record is None or not record.get(SOURCE_VOLUME_ID) or not self._has_restore_point(io, record.image_name):
+        if record is None or not record.get(SOURCE_VOLUME_ID):
             return None
-        return self._describe(session, io, pool, snapshots, record, queue=False)
+        shape = self._restore_point(io, record.image_name)
+        if shape is None:
+            return None
+        return self._describe(session, io, pool, snapshots, record, shape, queue=False)
 
     def all_in_pool(self, session: Session, io: rados.Ioctx, pool: str) -> list[Snapshot]:
         _, snapshots = self._journals(io, session)
@@ -311,6 +319,18 @@ class SnapshotManager:
         plain = {uuid for uuid in snapshots.uuids().values() if "/" not in uuid}
         found = [self.describe(session, io, pool, uuid) for uuid in sorted(plain)]
         return [s for s in found if s is not None]
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What an answer about a finished snapshot needs from its image."""
+
+    size: int
+    image_id: str
+
+    @classmethod
+    def of(cls, image: rbd.Image) -> _Shape:
+        return cls(int(image.size()), str(image.id()))
 
 
 def _data_pool(session: Session, image: rbd.Image, io: rados.Ioctx) -> str | None:

@@ -29,6 +29,12 @@ from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
 log = logging.getLogger(__name__)
 
+FINISHED_SIZE = "cephcsi.snap.size"
+"""On a snapshot's record: its size in bytes, written with csi.imageid under the snapshot's lease
+once its restore point exists. A restore takes its parent from the record then, instead of
+opening the snapshot image (25 RADOS operations). ceph-csi's records, and cephcsi's from before
+this key, lack it: the restore opens the image for them."""
+
 SOURCE_WAIT_SECONDS = 5.0
 """How long a snapshot or clone waits for another one on the same source (each holds it for
 ~0.1-0.3 s): a burst of snapshots of one volume queues briefly instead of answering ABORTED."""

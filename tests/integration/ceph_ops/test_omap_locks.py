@@ -13,6 +13,7 @@ import rados
 from cephcsi.ceph import omap
 from cephcsi.ceph.batch import Batch
 from cephcsi.ceph.leases import Fill, LeaseKeeper
+from cephcsi.errors import NotFound
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.pool_state import admin_ioctx
 
@@ -113,6 +114,20 @@ def test_lock_then_read_sees_the_object_as_the_lock_found_it(io: rados.Ioctx) ->
     assert omap.try_lock_then_read(io, fresh, LOCK, "c", 10) == (True, {})
     assert _exists(io, fresh)
     omap.remove_object(io, fresh)
+    omap.remove_object(io, obj)
+
+
+def test_lock_then_read_of_an_existing_object_only(io: rados.Ioctx) -> None:
+    missing = _obj()
+    with pytest.raises(NotFound):
+        omap.try_lock_then_read(io, missing, LOCK, "a", 10, existing=True)
+    assert not _exists(io, missing), "the guard fails the whole op: the lock created nothing"
+    obj = _obj()
+    assert omap.set_if_absent(io, obj, "name", "pvc-1")
+    assert omap.try_lock_then_read(io, obj, LOCK, "a", 10, existing=True) == (True, {"name": "pvc-1"})
+    assert omap.try_lock_then_read(io, obj, LOCK, "b", 10, existing=True) == (False, None)
+    omap.unlock(io, obj, LOCK, "a")
+    assert omap.try_lock(io, obj, LOCK, "b", 10), "the guarded lock was a real cls_lock, now released"
     omap.remove_object(io, obj)
 
 

@@ -6,11 +6,15 @@ from collections.abc import Callable
 
 import grpc
 import pytest
+import rados
 
 from cephcsi._generated import csi_pb2
+from cephcsi.ceph import omap
+from cephcsi.volumes.sources import FINISHED_SIZE
+from cephcsi.volumes.volume_id import VolumeId
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.helpers import MiB, create_request, image_of
-from tests.integration.controller.pool_state import read_pool, wait_for_pool
+from tests.integration.controller.pool_state import admin_ioctx, read_pool, wait_for_pool
 from tests.integration.controller.snapshot_helpers import (
     BLOCK,
     delete_all,
@@ -56,6 +60,32 @@ def test_snapshot_restore_and_clone_read_back_the_data(driver: DriverProcess, ce
     assert read(ceph_cluster, restored.volume_id, BLOCK, BLOCK) == before
     delete_all(driver, ceph_cluster, [], [restored.volume_id, clone.volume_id, again.volume_id])
     assert wait_for_pool(ceph_cluster, baseline, timeout=90) == baseline, "parents in the trash go with their last child"
+
+
+def test_a_restore_takes_a_finished_snapshot_from_its_record(driver: DriverProcess, ceph_cluster: CephTestCluster) -> None:
+    baseline = read_pool(ceph_cluster)
+    c = driver.controller
+    source = c.CreateVolume(create_request(ceph_cluster, size=16 * MiB), timeout=60).volume
+    before = pattern("record")
+    write(ceph_cluster, source.volume_id, before, BLOCK)
+    snapshot = c.CreateSnapshot(snapshot_request(ceph_cluster, source.volume_id), timeout=60).snapshot
+    record_object = f"csi.snap.{VolumeId.decode(snapshot.snapshot_id).object_uuid}"
+    with admin_ioctx(ceph_cluster) as io:
+        record = omap.read(io, record_object) or {}
+        assert record.get(FINISHED_SIZE) == str(16 * MiB) and record.get("csi.imageid"), record
+    restored = c.CreateVolume(from_snapshot(ceph_cluster, snapshot.snapshot_id), timeout=60).volume
+    assert restored.capacity_bytes == 16 * MiB
+    assert read(ceph_cluster, restored.volume_id, BLOCK, BLOCK) == before
+    # A record without the size (ceph-csi's, or one cephcsi wrote before the key existed): the
+    # restore opens the snapshot image for its restore point, size and id instead.
+    with admin_ioctx(ceph_cluster) as io, rados.WriteOpCtx() as op:
+        io.remove_omap_keys(op, (FINISHED_SIZE,))
+        io.operate_write_op(op, record_object)
+    again = c.CreateVolume(from_snapshot(ceph_cluster, snapshot.snapshot_id), timeout=60).volume
+    assert again.capacity_bytes == 16 * MiB
+    assert read(ceph_cluster, again.volume_id, BLOCK, BLOCK) == before
+    delete_all(driver, ceph_cluster, [snapshot.snapshot_id], [restored.volume_id, again.volume_id, source.volume_id])
+    assert wait_for_pool(ceph_cluster, baseline, timeout=120) == baseline
 
 
 def test_errors_per_spec(driver: DriverProcess, ceph_cluster: CephTestCluster) -> None:
