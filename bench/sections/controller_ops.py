@@ -1,6 +1,7 @@
 """Section 1: CreateVolume/DeleteVolume through the gRPC socket of a real
-`cephcsi --mode=controller --sidecars=none`, beside raw python-rbd at the same concurrency on
-the same cluster in the same run.
+`cephcsi --mode=controller --sidecars=none`, and in-process as the embedded provisioner calls
+them (bench.embedded: the same servicer, no gRPC hop), beside raw python-rbd at the same
+concurrency on the same cluster in the same run.
 
 Baselines:
   create  ↔ RBD().create of the same size and features.
@@ -13,8 +14,8 @@ Baselines:
   The trash is drained (mgr purge finished) after every batch that leaves work in it, so a
   background purge never slows the next batch; the drain time is reported.
 
-Figures that hold: each concurrency level runs `--rounds` interleaved rounds (driver side, raw
-side, with the first side alternating), so slow drift on a shared machine hits both sides; the
+Figures that hold: each concurrency level runs `--rounds` interleaved rounds (gRPC side,
+in-process side, raw side, the first side rotating), so slow drift on a shared machine hits every side; the
 ratios are per round, reported as the median with min–max. With `--background-load 0,1` the
 whole section runs once quiet and once beside a CPU-busy process the bench starts itself.
 """
@@ -28,7 +29,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from bench import background, osdops, procstat, profile, report
-from bench.environment import Environment
+from bench.embedded import EmbeddedController
+from bench.environment import DRIVER_ARGS, Environment
 from bench.load import Batch, run_batch
 from bench.model import SectionResult, Table
 from bench.raw import RawRbd
@@ -39,7 +41,7 @@ from cephcsi._generated import csi_pb2
 log = logging.getLogger("bench")
 
 NAME = "controller"
-TITLE = "1. CreateVolume/DeleteVolume: driver over gRPC vs raw python-rbd"
+TITLE = "1. CreateVolume/DeleteVolume: driver over gRPC and in-process vs raw python-rbd"
 RPC_TIMEOUT_S = 120.0
 Mode = csi_pb2.VolumeCapability.AccessMode
 
@@ -71,6 +73,25 @@ class DriverClient:
                                timeout=RPC_TIMEOUT_S)
 
 
+class EmbeddedClient:
+    """The same calls in-process (bench.embedded), as the embedded provisioner makes them."""
+
+    def __init__(self, env: Environment) -> None:
+        self.env = env
+        self.secrets = env.start_cluster().secrets
+        assert env.config_file is not None
+        self.controller = EmbeddedController(str(env.config_file), DRIVER_ARGS, env.workdir / "embedded-controller.log")
+
+    def create(self, name: str) -> str:
+        return self.controller.create(_create_request(self.env, name))
+
+    def delete(self, volume_id: str) -> None:
+        self.controller.delete(csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=self.secrets))
+
+    def close(self) -> None:
+        self.controller.close()
+
+
 def _names(kind: str, concurrency: int, count: int) -> list[str]:
     run = uuid.uuid4().hex[:8]
     return [f"bench-{kind}-c{concurrency}-{run}-{i}" for i in range(count)]
@@ -86,8 +107,11 @@ def _check(batch: Batch[Any], what: str, notes: list[str]) -> None:
                      f"first: {batch.errors[0]}")
 
 
-BATCHES = ("driver_create", "driver_delete", "raw_create", "raw_remove", "raw_trash_remove", "raw_trash_mgr")
-"""Per round: the driver's create and delete; raw create, and the three raw deletes."""
+BATCHES = ("driver_create", "driver_delete", "embedded_create", "embedded_delete", "raw_create", "raw_remove",
+           "raw_trash_remove", "raw_trash_mgr")
+"""Per round: the driver's create and delete over gRPC and in-process; raw create, and the three raw deletes."""
+PATHS = (("driver", ""), ("embedded", "in-process"))
+"""(batch prefix, label): the driver over gRPC, and in-process (ratio keys prefixed `embedded_`)."""
 BASELINES = (("raw_remove", "RBD.remove"), ("raw_trash_remove", "trash_move+trash_remove"),
              ("raw_trash_mgr", "trash_move+mgr purge"))
 
@@ -107,6 +131,22 @@ def _driver_side(env: Environment, driver: DriverClient, raw: RawRbd, c: int, k:
             "driver_cpu_create": _cpu_ms_per_op(cpu0, cpu1, len(created.latencies)),
             "driver_cpu_delete": _cpu_ms_per_op(cpu1, cpu2, len(deleted.latencies)),
             "drain_driver_s": raw.wait_trash_empty(env.options.drain_timeout_s)}
+
+
+def _embedded_side(env: Environment, embedded: EmbeddedClient, raw: RawRbd, c: int, k: int,
+                   notes: list[str]) -> dict[str, Any]:
+    """One in-process round, as `_driver_side`; CPU is the bench process's own, as the raw side's."""
+    s0 = procstat.self_cpu_seconds()
+    created = run_batch(embedded.create, _names("emb", c, k), c)
+    s1 = procstat.self_cpu_seconds()
+    deleted = run_batch(embedded.delete, created.results, c)
+    s2 = procstat.self_cpu_seconds()
+    _check(created, f"c={c} in-process CreateVolume", notes)
+    _check(deleted, f"c={c} in-process DeleteVolume", notes)
+    return {"embedded_create": created, "embedded_delete": deleted,
+            "embedded_cpu_create": _cpu_ms_per_op(s0, s1, len(created.latencies)),
+            "embedded_cpu_delete": _cpu_ms_per_op(s1, s2, len(deleted.latencies)),
+            "drain_embedded_s": raw.wait_trash_empty(env.options.drain_timeout_s)}
 
 
 def _raw_side(env: Environment, raw: RawRbd, c: int, k: int, notes: list[str]) -> dict[str, Any]:
@@ -133,25 +173,32 @@ def _raw_side(env: Environment, raw: RawRbd, c: int, k: int, notes: list[str]) -
             "drain_raw_s": raw.wait_trash_empty(env.options.drain_timeout_s)}
 
 
-def _level(env: Environment, driver: DriverClient, raw: RawRbd, c: int, notes: list[str]) -> list[dict[str, Any]]:
-    """`rounds` interleaved rounds at concurrency c; the side that goes first alternates
-    (driver, raw, raw, driver, driver, ...) so neither always runs right after the other's drain."""
+def _level(env: Environment, driver: DriverClient, embedded: EmbeddedClient, raw: RawRbd, c: int,
+           notes: list[str]) -> list[dict[str, Any]]:
+    """`rounds` interleaved rounds at concurrency c; the side that goes first rotates (gRPC,
+    in-process, raw; in-process, raw, gRPC; ...) so none always runs right after another's drain."""
     rounds = max(1, env.options.rounds)
     k = max(1, env.options.ops // rounds)
+    sides = {"driver": lambda: _driver_side(env, driver, raw, c, k, notes),
+             "embedded": lambda: _embedded_side(env, embedded, raw, c, k, notes),
+             "raw": lambda: _raw_side(env, raw, c, k, notes)}
+    order = list(sides)
     out = []
     for r in range(rounds):
         one: dict[str, Any] = {}
-        for side in (("driver", "raw") if r % 2 == 0 else ("raw", "driver")):
-            one.update(_driver_side(env, driver, raw, c, k, notes) if side == "driver" else _raw_side(env, raw, c, k, notes))
-        one["driver_first"] = r % 2 == 0
+        turn = order[r % len(order):] + order[:r % len(order)]
+        for side in turn:
+            one.update(sides[side]())
+        one["first"] = turn[0]
         out.append(one)
     return out
 
 
-def _warm_up(env: Environment, driver: DriverClient, raw: RawRbd) -> None:
-    """Untimed: connect both paths, fill caches, and let the first-call costs pass."""
+def _warm_up(env: Environment, driver: DriverClient, embedded: EmbeddedClient, raw: RawRbd) -> None:
+    """Untimed: connect every path, fill caches, and let the first-call costs pass."""
     for name in _names("warm", 0, env.options.warmup):
         driver.delete(driver.create(name))
+        embedded.delete(embedded.create(f"{name}-in-process"))
         raw.remove(raw.create(raw.new_name()))
     raw.wait_trash_empty(env.options.drain_timeout_s)
 
@@ -213,25 +260,31 @@ def _tput(batch: Batch[Any]) -> float | None:
 
 def aggregate(rounds: list[dict[str, Any]], c: int) -> dict[str, Any]:
     """Pooled summaries per batch kind, and per-round ratios (driver/raw) with their spread."""
+    kinds = [key for key in BATCHES if key in rounds[0]]
+    paths = [(prefix, label) for prefix, label in PATHS if f"{prefix}_create" in rounds[0]]
     pooled_s: dict[str, Summary | None] = {}
-    for key in BATCHES:
+    for key in kinds:
         batches = [r[key] for r in rounds]
         lat = [b.latencies for b in batches]
         errors = sum(len(b.errors) for b in batches)
         pooled_s[key] = pooled(lat, [b.wall_s for b in batches], c, errors) if any(lat) else None
-    p50 = {key: [_p50(r[key]) for r in rounds] for key in BATCHES}
-    tput = {key: [_tput(r[key]) for r in rounds] for key in BATCHES}
-    ratios: dict[str, Spread | None] = {
-        "create_p50": ratio_spread(p50["driver_create"], p50["raw_create"]),
-        "create_ops": ratio_spread(tput["driver_create"], tput["raw_create"]),
-        "cpu_create": ratio_spread([r["driver_cpu_create"] for r in rounds], [r["raw_cpu_create"] for r in rounds]),
-        "cpu_delete_vs_mgr": ratio_spread([r["driver_cpu_delete"] for r in rounds], [r["raw_cpu_mgr"] for r in rounds]),
-    }
-    for key, _ in BASELINES:
-        ratios[f"delete_p50_{key}"] = ratio_spread(p50["driver_delete"], p50[key])
-        ratios[f"delete_ops_{key}"] = ratio_spread(tput["driver_delete"], tput[key])
-    cpu = {name: [r[name] for r in rounds]
-           for name in ("driver_cpu_create", "driver_cpu_delete", "raw_cpu_create", "raw_cpu_mgr")}
+    p50 = {key: [_p50(r[key]) for r in rounds] for key in kinds}
+    tput = {key: [_tput(r[key]) for r in rounds] for key in kinds}
+    ratios: dict[str, Spread | None] = {}
+    for prefix, _ in paths:
+        key_prefix = "" if prefix == "driver" else f"{prefix}_"
+        ratios[f"{key_prefix}create_p50"] = ratio_spread(p50[f"{prefix}_create"], p50["raw_create"])
+        ratios[f"{key_prefix}create_ops"] = ratio_spread(tput[f"{prefix}_create"], tput["raw_create"])
+        ratios[f"{key_prefix}cpu_create"] = ratio_spread([r[f"{prefix}_cpu_create"] for r in rounds],
+                                                         [r["raw_cpu_create"] for r in rounds])
+        ratios[f"{key_prefix}cpu_delete_vs_mgr"] = ratio_spread([r[f"{prefix}_cpu_delete"] for r in rounds],
+                                                                [r["raw_cpu_mgr"] for r in rounds])
+        for key, _ in BASELINES:
+            ratios[f"{key_prefix}delete_p50_{key}"] = ratio_spread(p50[f"{prefix}_delete"], p50[key])
+            ratios[f"{key_prefix}delete_ops_{key}"] = ratio_spread(tput[f"{prefix}_delete"], tput[key])
+    cpu = {f"{prefix}_cpu_{kind}": [r[f"{prefix}_cpu_{kind}"] for r in rounds]
+           for prefix, _ in paths for kind in ("create", "delete")}
+    cpu.update({name: [r[name] for r in rounds] for name in ("raw_cpu_create", "raw_cpu_mgr")})
     return {
         "concurrency": c,
         "rounds": len(rounds),
@@ -240,8 +293,9 @@ def aggregate(rounds: list[dict[str, Any]], c: int) -> dict[str, Any]:
         "cpu_ms_per_op": {name: (spread([v for v in vals if v is not None]) if any(v is not None for v in vals)
                                  else None) for name, vals in cpu.items()},
         "drain_driver_s": [r["drain_driver_s"] for r in rounds],
+        "drain_embedded_s": [r.get("drain_embedded_s", 0.0) for r in rounds],
         "drain_raw_s": [r["drain_raw_s"] for r in rounds],
-        "errors": {key: [e for r in rounds for e in r[key].errors][:3] for key in BATCHES
+        "errors": {key: [e for r in rounds for e in r[key].errors][:3] for key in kinds
                    if any(r[key].errors for r in rounds)},
     }
 
@@ -254,6 +308,7 @@ def _json(level: dict[str, Any]) -> dict[str, Any]:
         "ratios": {k: (v.to_json() if v else None) for k, v in level["ratios"].items()},
         "cpu_ms_per_op": {k: (v.to_json() if v else None) for k, v in level["cpu_ms_per_op"].items()},
         "drain_driver_s": level["drain_driver_s"],
+        "drain_embedded_s": level["drain_embedded_s"],
         "drain_raw_s": level["drain_raw_s"],
         "errors": level["errors"],
     }
@@ -269,10 +324,12 @@ def _tables(levels: list[dict[str, Any]], env: Environment, state: dict[str, str
                           "× = driver/raw, median over rounds (min–max)",
                     columns=["conc", "op", "driver p50", "driver p99", "driver ops/s", "raw baseline",
                              "raw p50", "raw p99", "raw ops/s", "p50 ×", "ops/s ×"])
-    cpu = Table(title=f"[{where}] CPU ms per op, median over rounds (min–max) (driver: the cephcsi process; raw: "
-                      "the bench process), × = driver/raw median (min–max); trash drain after each round",
+    cpu = Table(title=f"[{where}] CPU ms per op, median over rounds (min–max) (driver: the cephcsi process; "
+                      "in-process and raw: the bench process), × = driver/raw median (min–max); trash drain after "
+                      "each round",
                 columns=["conc", "driver create", "raw create", "create CPU ×", "driver delete", "raw trash+mgr",
-                         "delete CPU ×", "drain driver s", "drain raw s"])
+                         "delete CPU ×", "drain driver s", "drain raw s", "in-process create", "create CPU ×, in-process",
+                         "in-process delete", "delete CPU ×, in-process"])
 
     def med(s: Spread | None) -> str:
         return "—" if s is None else f"{s.median:.2f} ({s.low:.2f}–{s.high:.2f})"
@@ -290,20 +347,36 @@ def _tables(levels: list[dict[str, Any]], env: Environment, state: dict[str, str
                 latency.add(c, "delete", report.ms(ddl.p50_s), report.ms(ddl.p99_s), report.rate(ddl.throughput),
                             base, report.ms(b.p50_s), report.ms(b.p99_s), report.rate(b.throughput),
                             report.times_spread(r[f"delete_p50_{key}"]), report.times_spread(r[f"delete_ops_{key}"]))
+        ecr, edl, mgr = s.get("embedded_create"), s.get("embedded_delete"), s["raw_trash_mgr"]
+        if ecr and rcr:
+            latency.add(c, "create, in-process", report.ms(ecr.p50_s), report.ms(ecr.p99_s), report.rate(ecr.throughput),
+                        "RBD.create", report.ms(rcr.p50_s), report.ms(rcr.p99_s), report.rate(rcr.throughput),
+                        report.times_spread(r["embedded_create_p50"]), report.times_spread(r["embedded_create_ops"]))
+        if edl and mgr:
+            latency.add(c, "delete, in-process", report.ms(edl.p50_s), report.ms(edl.p99_s), report.rate(edl.throughput),
+                        "trash_move+mgr purge", report.ms(mgr.p50_s), report.ms(mgr.p99_s), report.rate(mgr.throughput),
+                        report.times_spread(r["embedded_delete_p50_raw_trash_mgr"]),
+                        report.times_spread(r["embedded_delete_ops_raw_trash_mgr"]))
         cp = level["cpu_ms_per_op"]
         cpu.add(c, med(cp["driver_cpu_create"]), med(cp["raw_cpu_create"]), report.times_spread(r["cpu_create"]),
                 med(cp["driver_cpu_delete"]), med(cp["raw_cpu_mgr"]), report.times_spread(r["cpu_delete_vs_mgr"]),
-                report.num(max(level["drain_driver_s"]), 2), report.num(max(level["drain_raw_s"]), 2))
+                report.num(max(level["drain_driver_s"]), 2), report.num(max(level["drain_raw_s"]), 2),
+                med(cp.get("embedded_cpu_create")), report.times_spread(r.get("embedded_cpu_create")),
+                med(cp.get("embedded_cpu_delete")), report.times_spread(r.get("embedded_cpu_delete_vs_mgr")))
     return [latency, cpu]
 
 
 # issue 17's controller targets: (label, level, ratio key, target, at_most)
-TARGETS = (
+_PATH_TARGETS = (
     ("CreateVolume p50 ≤ 1.5× RBD.create, c=1", 1, "create_p50", 1.5, True),
     ("CreateVolume ops/s ≥ 0.75× RBD.create, c=32", 32, "create_ops", 0.75, False),
     ("CPU per CreateVolume ≤ 1.5× RBD.create's, c=1", 1, "cpu_create", 1.5, True),
     ("DeleteVolume p50 ≤ 1.3× trash_move+mgr purge, c=1", 1, "delete_p50_raw_trash_mgr", 1.3, True),
 )
+TARGETS = (*_PATH_TARGETS,
+           *((f"{label}, in-process (the embedded provisioner's path)", c, f"embedded_{key}", target, at_most)
+             for label, c, key, target, at_most in _PATH_TARGETS))
+"""The same targets over gRPC (an external caller) and in-process (the shipped deployment's path)."""
 
 
 def target_rows(passes: list[tuple[dict[str, str], list[dict[str, Any]]]]) -> Table:
@@ -343,10 +416,11 @@ def run(env: Environment) -> SectionResult:
     result = SectionResult(name=NAME, title=TITLE)
     cluster = env.start_cluster()
     driver = DriverClient(env)
+    embedded = EmbeddedClient(env)
     raw = RawRbd(cluster, env.options.size_bytes)
     passes: list[tuple[dict[str, str], list[dict[str, Any]]]] = []
     try:
-        _warm_up(env, driver, raw)
+        _warm_up(env, driver, embedded, raw)
         try:
             op_counts = count_ops(env, driver, raw, min(20, env.options.ops))
         except Exception as error:  # noqa: BLE001 - a figure missing, not a failed section
@@ -359,13 +433,14 @@ def run(env: Environment) -> SectionResult:
                 for c in env.options.concurrency:
                     log.info("controller [%s]: concurrency %d, %d rounds × %d ops", state["load"], c,
                              env.options.rounds, max(1, env.options.ops // max(1, env.options.rounds)))
-                    levels.append(aggregate(_level(env, driver, raw, c, result.notes), c))
+                    levels.append(aggregate(_level(env, driver, embedded, raw, c, result.notes), c))
             passes.append((state, levels))
         env.sample_controller("after the create/delete batches (idle)")
         leftovers = [name for name in raw.images() if name.startswith(("bench-", "csi-vol-"))]
         if leftovers:
             result.notes.append(f"{len(leftovers)} images left in the pool after the section (e.g. {leftovers[0]})")
     finally:
+        embedded.close()
         raw.close()
 
     for state, levels in passes:
@@ -382,6 +457,9 @@ def run(env: Environment) -> SectionResult:
         "answers (the purge is left to the mgr); RBD.remove and trash_move+trash_remove are what a synchronous "
         "delete would cost (O(objects)).",
         "What each call costs in RADOS operations and CPU, and why: bench/README.md ('What each call costs').",
+        "in-process: the same ControllerServicer calls the embedded provisioner makes inside `cephcsi "
+        "--mode=controller` (context=None: validation, logging, metrics and storage code as over gRPC, no gRPC hop), "
+        "run in the bench process; over gRPC is what an external caller (csi-provisioner, csi-sanity) pays.",
     ])
     # Later sections read the first pass (quiet unless only loaded passes ran) and the RPC count.
     first = passes[0][1] if passes else []

@@ -101,6 +101,32 @@ def test_controller_aggregate_pools_latencies_and_takes_ratios_per_round() -> No
     assert table.rows[1][1] == "— (not measured)"  # no c=32 level in this pass
 
 
+def test_the_in_process_path_gets_its_own_ratios_rows_and_targets() -> None:
+    from bench.options import Options
+
+    class Env:
+        options = Options(ops=6, rounds=3)
+
+    rounds = [_round(0.006, 0.005, 4.0, 3.0), _round(0.009, 0.005, 6.0, 3.0)]
+    for one, embedded in zip(rounds, (0.0055, 0.0065)):
+        one.update({"embedded_create": _batch([embedded, embedded], 2 * embedded),
+                    "embedded_delete": _batch([2 * embedded], 2 * embedded),
+                    "embedded_cpu_create": 3.3, "embedded_cpu_delete": 6.0, "drain_embedded_s": 0.4})
+    level = controller_ops.aggregate(rounds, c=1)
+    r = level["ratios"]
+    assert r["embedded_create_p50"].low == pytest.approx(1.1) and r["embedded_create_p50"].high == pytest.approx(1.3)
+    assert r["embedded_cpu_create"].median == pytest.approx(1.1)
+    assert r["embedded_delete_p50_raw_trash_mgr"].high == pytest.approx(2.6)
+    assert r["create_p50"].high == pytest.approx(1.8), "the gRPC path's ratios are unchanged"
+    state = {"load": "no added load", "loadavg_start": "0", "loadavg_end": "0", "cpu_busy": "1%"}
+    latency, cpu = controller_ops._tables([level], Env(), state)  # type: ignore[arg-type]
+    assert [row[1] for row in latency.rows][-2:] == ["create, in-process", "delete, in-process"]
+    assert cpu.rows[0][-3] == "1.10× (1.10–1.10)"
+    targets = controller_ops.target_rows([({"load": "no added load"}, [level])])
+    assert [row[0] for row in targets.rows][4].startswith("CreateVolume p50 ≤ 1.5× RBD.create, c=1, in-process")
+    assert targets.rows[4][1] == "1.10× (1.10–1.30) met"
+
+
 def test_controller_tables_quote_the_machine_state() -> None:
     from bench.options import Options
 
