@@ -27,8 +27,9 @@ def classify(snap: Snapshot) -> list[Finding]:
         *classify_snaps.temp_snapshot_findings(snap),
         *trash_findings(snap),
         *pv_findings(snap),
+        *classify_snaps.content_findings(snap),
     ]
-    return sorted(findings, key=lambda f: (f.kind.value, f.subject))
+    return sorted(classify_snaps.content_blocks(snap, findings), key=lambda f: (f.kind.value, f.subject))
 
 
 def _trash_by_id(snap: Snapshot) -> dict[str, TrashView]:

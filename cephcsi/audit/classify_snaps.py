@@ -16,13 +16,19 @@ journal was. Two shapes only snapshots and clones leave are judged here besides:
 
 Neither is reported while a call holds the lease that guards it: that call is the one
 making or removing it.
+
+With VolumeSnapshotContents read (`--kubeconfig`, snapshot CRDs installed), they are to
+snapshots what PersistentVolumes are to volumes: a content whose snapshot is gone and a
+journaled snapshot no content names are reported, never repaired (contents are the CO's, and
+a snapshot may have been made outside Kubernetes), and no repair touches the journal entry or
+image of a snapshot a content names.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 from cephcsi.audit.classify import image_id_of, image_is_live, journal_findings
-from cephcsi.audit.model import RECORD_PREFIXES, Finding, Fix, ImageSnaps, JournalType, Kind, RecordView, Snapshot
+from cephcsi.audit.model import RECORD_PREFIXES, ContentView, Finding, Fix, ImageSnaps, JournalType, Kind, RecordView, Snapshot
 from cephcsi.ceph.layering import TEMP_SNAP_PREFIX
 
 
@@ -107,3 +113,56 @@ def _temp_snapshot(snap: Snapshot, image_name: str, image_id: str, snap_name: st
                        why_not="the image is no journaled volume here: no journal lease guards it")
     return Finding(Kind.TEMP_SNAPSHOT, subject, detail, uuid=record.uuid, name=record.name, image_name=image_name,
                    image_id=image_id, journal=JournalType.VOLUME, rbd_snapshot=snap_name, fix=Fix.REMOVE_TEMP_SNAP)
+
+
+CONTENT_WHY_NOT = "a VolumeSnapshotContent is never repaired: deleting it is the CO's business"
+WITHOUT_CONTENT_WHY_NOT = ("it may be a snapshot made outside Kubernetes; delete it through its VolumeSnapshot, "
+                           "or with the driver's DeleteSnapshot")
+
+
+def _content_state(content: ContentView) -> str:
+    bound = f"VolumeSnapshot {content.volume_snapshot}" if content.volume_snapshot else "no VolumeSnapshot"
+    return f"{bound}, deletionPolicy {content.deletion_policy or '?'}{', being deleted' if content.deleting else ''}"
+
+
+def content_findings(snap: Snapshot) -> list[Finding]:
+    """Only when the contents could be read; reported, never repaired."""
+    if snap.contents is None:
+        return []
+    journal = snap.snap_journal
+    found: list[Finding] = []
+    for content in snap.contents:
+        if not content.uuid:
+            continue  # the snapshotter is still making its snapshot: no handle to compare yet
+        record = journal.records.get(content.uuid)
+        if record is None or not record.name:
+            found.append(Finding(Kind.CONTENT_SNAPSHOT_GONE, content.name, f"names snapshot {content.uuid}, which "
+                                 f"the snapshot journal does not know ({_content_state(content)})",
+                                 uuid=content.uuid, journal=JournalType.SNAPSHOT, why_not=CONTENT_WHY_NOT))
+        elif not image_is_live(snap, record.image_name, image_id_of(snap, record)):
+            found.append(Finding(Kind.CONTENT_SNAPSHOT_GONE, content.name, f"names snapshot image "
+                                 f"{record.image_name!r}, which is not there ({_content_state(content)})",
+                                 uuid=content.uuid, name=record.name, image_name=record.image_name,
+                                 journal=JournalType.SNAPSHOT, why_not=CONTENT_WHY_NOT))
+    for name, uuid in sorted(journal.name_keys.items()):
+        record = journal.records.get(uuid)
+        if record and record.name == name and not snap.contents_naming(uuid, name) and \
+                image_is_live(snap, record.image_name, image_id_of(snap, record)):
+            found.append(Finding(Kind.SNAPSHOT_WITHOUT_CONTENT, record.image_name, f"journaled for {name!r} but no "
+                                 "VolumeSnapshotContent names it", uuid=uuid, name=name,
+                                 image_name=record.image_name, journal=JournalType.SNAPSHOT,
+                                 why_not=WITHOUT_CONTENT_WHY_NOT))
+    return found
+
+
+def content_blocks(snap: Snapshot, findings: list[Finding]) -> list[Finding]:
+    """`findings` with the repair of every snapshot a VolumeSnapshotContent names taken away,
+    as a PersistentVolume guards its volume: a repair would leave the content naming nothing,
+    where a person may still restore the image (from the trash) or the record."""
+    blocked: list[Finding] = []
+    for finding in findings:
+        names = snap.contents_naming(finding.uuid, finding.name) \
+            if finding.journal is JournalType.SNAPSHOT and finding.fix is not None else ()
+        blocked.append(replace(finding, fix=None, why_not=f"VolumeSnapshotContent {', '.join(names)} names it")
+                       if names else finding)
+    return blocked

@@ -34,6 +34,10 @@ class Kind(str, enum.Enum):
     """A `cephcsi-tmp-*` RBD snapshot on a volume, left by a killed CreateSnapshot or clone."""
     UNFINISHED_SNAPSHOT = "unfinished-snapshot"
     """A journaled snapshot image without its restore point: a CreateSnapshot killed after the clone."""
+    CONTENT_SNAPSHOT_GONE = "content-snapshot-gone"
+    """A VolumeSnapshotContent whose snapshot (journal record or image) is gone."""
+    SNAPSHOT_WITHOUT_CONTENT = "snapshot-without-content"
+    """A journaled, live snapshot that no VolumeSnapshotContent names (maybe made outside Kubernetes)."""
 
 
 class JournalType(str, enum.Enum):
@@ -134,6 +138,23 @@ class PVView:
 
 
 @dataclass(frozen=True)
+class ContentView:
+    """A VolumeSnapshotContent of this driver, reduced to what names a snapshot of this pool."""
+
+    name: str
+    uuid: str = ""
+    """Snapshot journal uuid from the snapshot handle; '' while a dynamic content has none yet."""
+    request_name: str = ""
+    """The CreateSnapshot name the snapshotter gives a dynamic content ('snapshot-<VolumeSnapshot
+    uid>'): it names the journal entry of a create still in progress, before the handle exists."""
+    deletion_policy: str = ""
+    volume_snapshot: str = ""
+    """The bound VolumeSnapshot as namespace/name ('' when unbound)."""
+    deleting: bool = False
+    """metadata.deletionTimestamp is set: the snapshotter is deleting its snapshot."""
+
+
+@dataclass(frozen=True)
 class ImageSnaps:
     """What one image's header says about its RBD snapshots (read from its omap, no open)."""
 
@@ -193,6 +214,9 @@ class Snapshot:
     """Trash purges the mgr holds, by image id; None when the mgr could not be asked."""
     pvs: tuple[PVView, ...] | None = None
     """None without a kubeconfig: nothing is known about PersistentVolumes."""
+    contents: tuple[ContentView, ...] | None = None
+    """VolumeSnapshotContents naming snapshots of this pool; None without a kubeconfig or when the
+    API server does not serve them (no snapshot CRDs, so none can exist)."""
     now: float = 0.0
     notes: tuple[str, ...] = ()
     """What could not be read (and so was not judged)."""
@@ -225,6 +249,12 @@ class Snapshot:
         """Names of the PVs that point at this volume (by handle or imageName attribute)."""
         return tuple(pv.name for pv in self.pvs or () if (uuid and pv.uuid == uuid) or
                      (image_name and pv.image_name == image_name))
+
+    def contents_naming(self, uuid: str, request_name: str) -> tuple[str, ...]:
+        """Names of the VolumeSnapshotContents that point at this snapshot (by handle, or by
+        request name while their create is in progress)."""
+        return tuple(c.name for c in self.contents or () if (uuid and c.uuid == uuid) or
+                     (request_name and c.request_name == request_name))
 
 
 @dataclass(frozen=True)

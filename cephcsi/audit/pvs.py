@@ -10,12 +10,9 @@ from typing import Any
 
 from kubernetes import client as k8s
 
+from cephcsi.audit.kube_lists import PAGE, api_client, list_all
 from cephcsi.audit.model import PVView
-from cephcsi.kube import apierrors
-from cephcsi.kube.client import ClientSettings, new_api_client
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
-
-PAGE = 500
 
 
 def pv_view(pv: Any, driver_name: str, cluster_id: str, pool_id: int, pool: str) -> PVView | None:
@@ -38,19 +35,12 @@ def pv_view(pv: Any, driver_name: str, cluster_id: str, pool_id: int, pool: str)
 
 def list_pvs(kubeconfig: str, driver_name: str, cluster_id: str, pool_id: int, pool: str) -> tuple[PVView, ...]:
     """Every PV of `driver_name` naming an image of (cluster, pool), read page by page."""
-    found: list[PVView] = []
-    with new_api_client(ClientSettings(kubeconfig=kubeconfig, qps=0)) as api_client:
-        api = k8s.CoreV1Api(api_client)
-        token: str | None = None
-        while True:
-            try:
-                page = api.list_persistent_volume(limit=PAGE, _continue=token)
-            except Exception as error:  # noqa: BLE001 - every client failure becomes one of ours
-                raise apierrors.classify(error, "list PersistentVolumes") from error
-            for pv in page.items:
-                view = pv_view(pv, driver_name, cluster_id, pool_id, pool)
-                if view is not None:
-                    found.append(view)
-            token = page.metadata._continue if page.metadata else None
-            if not token:
-                return tuple(found)
+    with api_client(kubeconfig) as client:
+        api = k8s.CoreV1Api(client)
+
+        def page(token: str | None) -> tuple[list[Any], str | None]:
+            listing = api.list_persistent_volume(limit=PAGE, _continue=token)
+            return listing.items, listing.metadata._continue if listing.metadata else None
+
+        views = (pv_view(pv, driver_name, cluster_id, pool_id, pool) for pv in list_all(page, "list PersistentVolumes"))
+        return tuple(view for view in views if view is not None)

@@ -20,6 +20,8 @@ class Scope:
     prefix: str
     kubernetes: bool
     snapshot_prefix: str = "csi-snap-"
+    snapshot_contents: bool = False
+    """VolumeSnapshotContents were read (a kubeconfig, and the API server serves them)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ def to_json(result: AuditResult) -> str:
         "cluster_id": scope.cluster_id, "pool": scope.pool, "rados_namespace": scope.namespace,
         "instance_id": scope.instance_id, "volume_name_prefix": scope.prefix,
         "snapshot_name_prefix": scope.snapshot_prefix, "kubernetes": scope.kubernetes,
+        "snapshot_contents": scope.snapshot_contents,
         "repaired": result.repairs is not None, "clean": result.clean,
         "counts": dict(Counter(f.kind.value for f in result.findings)),
         "findings": items, "notes": list(result.notes),

@@ -8,11 +8,12 @@ import rados
 
 from cephcsi.audit import owners as owner_info
 from cephcsi.audit.classify import classify
-from cephcsi.audit.model import Finding, ImageEntry, Snapshot
+from cephcsi.audit.model import ContentView, Finding, ImageEntry, PVView, Snapshot
 from cephcsi.audit.pvs import list_pvs
 from cephcsi.audit.repair import RepairContext, repair_all
 from cephcsi.audit.report import AuditResult, Scope
 from cephcsi.audit.scan import read_owners, read_snapshot
+from cephcsi.audit.snapshot_contents import GROUP, VERSION, list_contents
 from cephcsi.ceph import trash
 from cephcsi.ceph.connection import ConnectionCache
 from cephcsi.ceph.credentials import Credentials
@@ -23,6 +24,8 @@ from cephcsi.volumes.parameters import DEFAULT_PREFIX
 from cephcsi.volumes.snapshots import DEFAULT_PREFIX as DEFAULT_SNAPSHOT_PREFIX
 
 DRIVER_NAME = "rbd.csi.ceph.com"
+NO_SNAPSHOT_CRDS = (f"VolumeSnapshotContents not checked: the API server does not serve {GROUP}/{VERSION} "
+                    "(the snapshot CRDs are not installed, so no content can name a snapshot)")
 
 
 @dataclass(frozen=True)
@@ -58,12 +61,9 @@ def audit(options: AuditOptions) -> AuditResult:
     try:
         with connections.session(cluster, options.credentials) as session, \
                 session.ioctx(options.pool, options.rados_namespace) as io:
-            pvs = None
-            if options.kubeconfig:
-                pvs = list_pvs(options.kubeconfig, options.driver_name, options.cluster_id, io.get_pool_id(),
-                               options.pool)
+            pvs, contents, kube_notes = _read_kube(options, io.get_pool_id())
             snapshot = read_snapshot(session, io, options.pool, options.instance_id, options.prefix, pvs,
-                                     options.ceph.mon_op_timeout, options.snapshot_prefix)
+                                     options.ceph.mon_op_timeout, options.snapshot_prefix, contents)
             findings, images, notes = _with_owners(io, snapshot, classify(snapshot), options.list_images)
             repairs = None
             if options.repair:
@@ -77,10 +77,21 @@ def audit(options: AuditOptions) -> AuditResult:
                 )
                 repairs = tuple(repair_all(context, findings))
             scope = Scope(options.cluster_id, options.pool, io.get_namespace(), options.instance_id,
-                          options.prefix, pvs is not None, options.snapshot_prefix)
-            return AuditResult(scope, tuple(findings), repairs, snapshot.notes + notes, images)
+                          options.prefix, pvs is not None, options.snapshot_prefix, contents is not None)
+            return AuditResult(scope, tuple(findings), repairs, kube_notes + snapshot.notes + notes, images)
     finally:
         connections.close_all()
+
+
+def _read_kube(options: AuditOptions, pool_id: int
+               ) -> tuple[tuple[PVView, ...] | None, tuple[ContentView, ...] | None, tuple[str, ...]]:
+    """(PVs, VolumeSnapshotContents, notes): both None without a kubeconfig, the contents None
+    (and a note saying so) when the snapshot CRDs are not installed."""
+    if not options.kubeconfig:
+        return None, None, ()
+    pvs = list_pvs(options.kubeconfig, options.driver_name, options.cluster_id, pool_id, options.pool)
+    contents = list_contents(options.kubeconfig, options.driver_name, options.cluster_id, pool_id)
+    return pvs, contents, (NO_SNAPSHOT_CRDS,) if contents is None else ()
 
 
 def _with_owners(io: rados.Ioctx, snapshot: Snapshot, findings: list[Finding], list_images: bool

@@ -19,6 +19,7 @@ import rados
 
 from cephcsi.audit import scan_snaps
 from cephcsi.audit.model import (
+    ContentView,
     ImageOwner,
     PurgeTask,
     PVView,
@@ -242,7 +243,8 @@ def read_tasks(session: Session, pool: str, namespace: str, timeout: float) -> d
 
 def read_snapshot(session: Session, io: rados.Ioctx, pool: str, instance_id: str, prefix: str,
                   pvs: tuple[PVView, ...] | None, mgr_timeout: float = 30.0,
-                  snapshot_prefix: str = scan_snaps.DEFAULT_PREFIX) -> Snapshot:
+                  snapshot_prefix: str = scan_snaps.DEFAULT_PREFIX,
+                  contents: tuple[ContentView, ...] | None = None) -> Snapshot:
     names = list_object_names(io)
     keys = read_journal(io, names, instance_id)
     records = read_records(io, names)
@@ -288,6 +290,7 @@ def read_snapshot(session: Session, io: rados.Ioctx, pool: str, instance_id: str
         trash=trash,
         tasks=tasks,
         pvs=pvs,
+        contents=contents,
         now=time.time(),
         notes=tuple(notes),
         snap_journal=snap_journal,

@@ -36,7 +36,8 @@ class _AuditParser(_Parser):
 def build_parser() -> argparse.ArgumentParser:
     p = _AuditParser(prog="cephcsi audit", description=(
         "List inconsistencies between the driver's journal, an RBD pool, its trash and (with --kubeconfig) "
-        "the PersistentVolumes; --repair fixes what is provably the driver's and safe to fix."),
+        "the PersistentVolumes and VolumeSnapshotContents; --repair fixes what is provably the driver's and safe "
+        "to fix."),
         epilog=f"The cephx key comes from --keyfile or the {KEY_ENV} environment variable. "
                "Exit status: 0 clean, 1 inconsistencies found (or left after --repair), 2 usage or connection error.")
     t = p.add_argument_group("what to audit")
@@ -50,8 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="StorageClass volumeNamePrefix (default %(default)s)")
     t.add_argument("--snapshot-name-prefix", default=DEFAULT_SNAPSHOT_PREFIX,
                    help="VolumeSnapshotClass snapshotNamePrefix (default %(default)s)")
-    t.add_argument("--kubeconfig", default="", help="also compare with this cluster's PersistentVolumes")
-    t.add_argument("--drivername", default=DRIVER_NAME, help="CSI driver name in PVs (default %(default)s)")
+    t.add_argument("--kubeconfig", default="",
+                   help="also compare with this cluster's PersistentVolumes and VolumeSnapshotContents")
+    t.add_argument("--drivername", default=DRIVER_NAME,
+                   help="CSI driver name in PVs and VolumeSnapshotContents (default %(default)s)")
     c = p.add_argument_group("credentials")
     c.add_argument("--user", required=True, help="cephx user, with or without 'client.'")
     c.add_argument("--keyfile", default="", help=f"file holding the key or a keyring (default: ${KEY_ENV})")

@@ -23,6 +23,7 @@ import rados
 import rbd
 
 from cephcsi.ceph import encoding
+from cephcsi.volumes.journal import VOLUMES, JournalKind
 from tests.ceph.fixtures import CephTestCluster
 
 NORMAL, MOVING, REMOVING = 0, 1, 2
@@ -47,6 +48,8 @@ class Seeder:
     io: Any
     instance: str = "default"
     prefix: str = "csi-vol-"
+    kind: JournalKind = VOLUMES
+    """The journal key, record and the methods built on them write: SNAPSHOTS with prefix csi-snap-."""
 
     def image_name(self, uuid: str) -> str:
         return f"{self.prefix}{uuid}"
@@ -64,18 +67,18 @@ class Seeder:
             self.io.operate_write_op(op, obj)
 
     def key(self, name: str, uuid: str) -> None:
-        self.set_omap(f"csi.volumes.{self.instance}", {f"csi.volume.{name}": uuid})
+        self.set_omap(f"{self.kind.directory_prefix}{self.instance}", {f"{self.kind.name_key_prefix}{name}": uuid})
 
     def record(self, uuid: str, name: str, image_id: str = "") -> None:
-        values = {"csi.volname": name, "csi.imagename": self.image_name(uuid)}
+        values = {self.kind.name_field: name, "csi.imagename": self.image_name(uuid)}
         if image_id:
             values["csi.imageid"] = image_id
-        self.set_omap(f"csi.volume.{uuid}", values)
+        self.set_omap(f"{self.kind.record_prefix}{uuid}", values)
 
     def empty_record(self, uuid: str) -> None:
         """What Journal.locked leaves when its holder is killed before writing the record."""
-        self.io.lock_exclusive(f"csi.volume.{uuid}", "cephcsi.journal", "seed", duration=1)
-        self.io.unlock(f"csi.volume.{uuid}", "cephcsi.journal", "seed")
+        self.io.lock_exclusive(f"{self.kind.record_prefix}{uuid}", "cephcsi.journal", "seed", duration=1)
+        self.io.unlock(f"{self.kind.record_prefix}{uuid}", "cephcsi.journal", "seed")
 
     # --- images ------------------------------------------------------------------------
     def image(self, name: str) -> str:
@@ -91,6 +94,14 @@ class Seeder:
         self.record(uuid, name)
         image_id = self.image(self.image_name(uuid))
         self.record(uuid, name, image_id)
+        return uuid, image_id
+
+    def snapshot(self, name: str) -> tuple[str, str]:
+        """A complete snapshot (kind SNAPSHOTS): key → record → image with its restore point, the
+        RBD snapshot CreateSnapshot cuts on it under the image's own name. Returns (uuid, image id)."""
+        uuid, image_id = self.volume(name)
+        with rbd.Image(self.io, self.image_name(uuid)) as image:
+            image.create_snap(self.image_name(uuid))
         return uuid, image_id
 
     def partial_create(self, name: str, with_id_object: bool) -> str:

@@ -4,10 +4,8 @@ also dry-run as Pods, which runs pod admission (Pod Security, priority classes).
 from __future__ import annotations
 
 import copy
-import functools
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ import pytest
 import yaml
 
 from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.snapshot_crds import snapshot_crds as installed_snapshot_crds
 from tests.integration.deploy.conftest import Applier
 from tests.unit.deploy import manifests as m
 
@@ -23,69 +22,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.kube]
 
 RENDERED = m.render()
 EXAMPLES = [obj for path in sorted(m.EXAMPLES.glob("*.yaml")) for obj in m.load_docs(path)]
-# The snapshot CRDs (kubernetes-csi/external-snapshotter), fetched by the script the snapshotter
-# tests use: the ClusterRole names their resources, which a bare apiserver does not serve.
-SNAPSHOTTER_BUILD = Path(__file__).resolve().parents[2] / "controlplane" / "snapshotter_build.sh"
-SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
-
-
-def _until(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 @pytest.fixture
 def snapshot_crds(control_plane: ControlPlane) -> Iterator[None]:
-    """The external-snapshotter CRDs installed (as tests/integration/sidecars/test_snapshotter.py
-    does) and served by discovery; those this fixture created are deleted again afterwards, so
-    other tests still see a cluster without them unless they install them themselves."""
-    out = subprocess.run([str(SNAPSHOTTER_BUILD)], check=True, capture_output=True, text=True,
-                         timeout=3600).stdout.strip().splitlines()[-1]
-    created: list[str] = []
-    plurals: set[str] = set()
-    with control_plane.api_client() as client:
-        extensions = kubernetes.client.ApiextensionsV1Api(client)
-        try:
-            for path in sorted((Path(out) / "crd").glob("*.yaml")):
-                body = yaml.safe_load(path.read_text())
-                assert body["spec"]["group"] == SNAPSHOT_GROUP, path
-                plurals.add(body["spec"]["names"]["plural"])
-                try:
-                    extensions.create_custom_resource_definition(body)
-                    created.append(body["metadata"]["name"])
-                except kubernetes.client.ApiException as error:
-                    if error.status != 409:
-                        raise
-
-            def served() -> bool:
-                try:
-                    listing = client.call_api(f"/apis/{SNAPSHOT_GROUP}/v1", "GET", response_type="object",
-                                              auth_settings=["BearerToken"], _return_http_data_only=True)
-                except kubernetes.client.ApiException:
-                    return False
-                return plurals <= {r["name"] for r in listing["resources"]}
-
-            _until("the snapshot CRDs in discovery", served)
-            yield
-        finally:
-            for name in created:
-                extensions.delete_custom_resource_definition(name)
-            for name in created:
-                # The apiserver's CRD finalizer removes the instances first: seconds when quiet,
-                # longer on a loaded 2-core machine.
-                _until(f"CRD {name} deleted", functools.partial(_crd_gone, extensions, name), timeout=180.0)
-
-
-def _crd_gone(extensions: kubernetes.client.ApiextensionsV1Api, name: str) -> bool:
-    try:
-        extensions.read_custom_resource_definition(name)
-    except kubernetes.client.ApiException as error:
-        if error.status == 404:
-            return True
-        raise
-    return False
+    """The external-snapshotter CRDs (kubernetes-csi/external-snapshotter) installed and served:
+    the ClusterRole names their resources, which a bare apiserver does not serve. Those created
+    here are deleted again afterwards (tests.controlplane.snapshot_crds)."""
+    with installed_snapshot_crds(control_plane):
+        yield
 
 
 def test_namespace_object_dry_runs(admin_applier: Applier) -> None:

@@ -8,39 +8,31 @@ from __future__ import annotations
 import subprocess
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import kubernetes.client
 import pytest
 import rbd
-import yaml
 
 from cephcsi._generated import csi_pb2
+from tests.controlplane import snapshot_crds
+from tests.controlplane.snapshot_crds import GROUP, VERSION, snapshotter_build
 from tests.integration.controller.pool_state import admin_ioctx
 from tests.integration.sidecars.conftest import Env, StartControllers
 from tests.integration.sidecars.harness import DRIVER, new_prefix, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube, pytest.mark.ceph]
 
-BUILD = Path(__file__).resolve().parents[2] / "controlplane" / "snapshotter_build.sh"
-GROUP, VERSION = "snapshot.storage.k8s.io", "v1"
 CLONE_FINALIZER = "provisioner.storage.kubernetes.io/cloning-protection"
 
 
 @pytest.fixture(scope="module")
 def snapshot_controller(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The snapshot CRDs installed and the upstream snapshot-controller running."""
-    out = Path(subprocess.run([str(BUILD)], check=True, capture_output=True, text=True, timeout=3600).stdout.strip().splitlines()[-1])
-    extensions = kubernetes.client.ApiextensionsV1Api(env.kube.client)
-    for path in sorted((out / "crd").glob("*.yaml")):
-        body = yaml.safe_load(path.read_text())
-        try:
-            extensions.create_custom_resource_definition(body)
-        except kubernetes.client.ApiException as error:
-            if error.status != 409:
-                raise
-        wait_for(f"CRD {body['metadata']['name']} established", lambda: _established(extensions, body["metadata"]["name"]))
+    """The snapshot CRDs installed and the upstream snapshot-controller running. The CRDs stay:
+    objects a failed test leaves keep finalizers that nothing removes once the controller is
+    gone, which would hold up their deletion."""
+    out = snapshotter_build()
+    snapshot_crds.install(env.kube.client, [], out)
     log = open(tmp_path_factory.mktemp("snapctl") / "snapshot-controller.log", "wb")
     process = subprocess.Popen([str(out / "bin" / "snapshot-controller"), f"--kubeconfig={env.plane.kubeconfig}",
                                 "--leader-election=false", "--retry-interval-start=200ms", "--retry-interval-max=5s",
@@ -51,11 +43,6 @@ def snapshot_controller(env: Env, tmp_path_factory: pytest.TempPathFactory) -> I
         process.terminate()
         process.wait(timeout=30)
         log.close()
-
-
-def _established(extensions: kubernetes.client.ApiextensionsV1Api, name: str) -> bool:
-    conditions = extensions.read_custom_resource_definition(name).status.conditions or []
-    return any(c.type == "Established" and c.status == "True" for c in conditions)
 
 
 class Snapshots:

@@ -1,0 +1,99 @@
+"""The snapshot CRDs of kubernetes-csi/external-snapshotter (fetched, with the upstream
+snapshot-controller, by snapshotter_build.sh) on the test apiserver: installed for the tests
+that need them, and removed again by those that must leave a cluster without them behind.
+
+A bare apiserver does not serve snapshot.storage.k8s.io; the control plane is shared by the
+whole session, so a test that installs the CRDs for itself uninstalls what it created, and
+tests that expect no CRDs still find none.
+"""
+from __future__ import annotations
+
+import functools
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import kubernetes.client
+import yaml
+
+from tests.controlplane.cluster import ControlPlane
+
+BUILD = Path(__file__).resolve().parent / "snapshotter_build.sh"
+GROUP = "snapshot.storage.k8s.io"
+VERSION = "v1"
+
+
+def snapshotter_build() -> Path:
+    """The folder holding bin/snapshot-controller and crd/*.yaml (cached; built on first use)."""
+    out = subprocess.run([str(BUILD)], check=True, capture_output=True, text=True, timeout=3600)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def _until(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def served_plurals(client: kubernetes.client.ApiClient) -> set[str]:
+    """The resources discovery lists under snapshot.storage.k8s.io/v1 (empty: not served)."""
+    try:
+        listing = client.call_api(f"/apis/{GROUP}/{VERSION}", "GET", response_type="object",
+                                  auth_settings=["BearerToken"], _return_http_data_only=True)
+    except kubernetes.client.ApiException:
+        return set()
+    return {r["name"] for r in listing["resources"]}
+
+
+def install(client: kubernetes.client.ApiClient, created: list[str], out: Path | None = None) -> None:
+    """Creates the CRDs (those that exist already are left as they are) and waits until
+    discovery serves them all. Appends the name of each it created to `created` as it goes, so
+    the caller can remove them even when a later step fails."""
+    extensions = kubernetes.client.ApiextensionsV1Api(client)
+    plurals: set[str] = set()
+    for path in sorted(((out or snapshotter_build()) / "crd").glob("*.yaml")):
+        body = yaml.safe_load(path.read_text())
+        assert body["spec"]["group"] == GROUP, path
+        plurals.add(body["spec"]["names"]["plural"])
+        try:
+            extensions.create_custom_resource_definition(body)
+            created.append(body["metadata"]["name"])
+        except kubernetes.client.ApiException as error:
+            if error.status != 409:
+                raise
+    _until("the snapshot CRDs in discovery", lambda: plurals <= served_plurals(client))
+
+
+def _crd_gone(extensions: kubernetes.client.ApiextensionsV1Api, name: str) -> bool:
+    try:
+        extensions.read_custom_resource_definition(name)
+    except kubernetes.client.ApiException as error:
+        if error.status == 404:
+            return True
+        raise
+    return False
+
+
+def uninstall(client: kubernetes.client.ApiClient, names: list[str]) -> None:
+    extensions = kubernetes.client.ApiextensionsV1Api(client)
+    for name in names:
+        extensions.delete_custom_resource_definition(name)
+    for name in names:
+        # The apiserver's CRD finalizer removes the instances first: seconds when quiet,
+        # longer on a loaded 2-core machine.
+        _until(f"CRD {name} deleted", functools.partial(_crd_gone, extensions, name), timeout=180.0)
+
+
+@contextmanager
+def snapshot_crds(control_plane: ControlPlane) -> Iterator[None]:
+    """The CRDs installed and served while inside; those created here are deleted on the way out."""
+    with control_plane.api_client() as client:
+        created: list[str] = []
+        try:
+            install(client, created)
+            yield
+        finally:
+            uninstall(client, created)
