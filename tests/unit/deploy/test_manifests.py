@@ -313,7 +313,9 @@ def test_node_plugin_host_paths(capsys: pytest.CaptureFixture[str]) -> None:
         assert host_path(path) == path
     assert mounts["/lib/modules"]["readOnly"] is True
     tmp = volume_for_mount(spec, container, "/tmp")
-    assert tmp["emptyDir"]["medium"] == "Memory"
+    assert tmp["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Mi"}
+    # hostPath takes path and type only: anything else there is a misplaced key the API server refuses.
+    assert all(set(v["hostPath"]) <= {"path", "type"} for v in spec["volumes"] if "hostPath" in v)
 
 
 def test_nodes_without_lib_modules_still_run_the_plugin() -> None:
