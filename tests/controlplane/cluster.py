@@ -11,9 +11,8 @@ Design notes and limits:
   the whole start with fresh ports.
 - The apiserver is restarted on the same port (clients keep their URL); its serving certificate
   survives because --cert-dir is kept.
-- Children get PR_SET_PDEATHSIG(SIGKILL) when started from the main thread, so a test process
-  that dies hard does not leave an apiserver behind. (The death signal follows the *thread* that
-  forked, so it is not set for starts from other threads; stop() covers the normal path.)
+- Each process is a tests.controlplane.process.Proc: its own log file, and it dies with the test
+  process (see that module for the limits).
 - Non-admin identities: `service_account_client` uses a real TokenRequest token (exactly what a
   pod would present); `impersonating_client` uses admin impersonation, which the RBAC authorizer
   evaluates exactly as if that user had authenticated (handy for token-file-like users without
@@ -21,35 +20,33 @@ Design notes and limits:
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import secrets
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import kubernetes.client
 import kubernetes.config
 import kubernetes.utils
 import yaml
 
+from tests.controlplane.process import Proc
+
 log = logging.getLogger(__name__)
 
 BUILD_SCRIPT = Path(__file__).with_name("build.sh")
 ADMIN_USER = "admin"
 SERVICE_CIDR = "10.0.0.0/24"
-_PR_SET_PDEATHSIG = 1
 
 
 class ControlPlaneError(RuntimeError):
@@ -94,57 +91,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _set_pdeathsig() -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-@dataclass
-class _Proc:
-    """One child process and its log file."""
-
-    name: str
-    argv: list[str]
-    log_path: Path
-    popen: subprocess.Popen[bytes] | None = None
-    log_file: IO[bytes] | None = None
-
-    def start(self) -> None:
-        self.log_file = open(self.log_path, "ab")
-        preexec = _set_pdeathsig if threading.current_thread() is threading.main_thread() else None
-        self.popen = subprocess.Popen(  # noqa: S603 - argv built from our own paths
-            self.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=self.log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=preexec,
-        )
-        log.info("started %s", self.name, extra={"pid": self.popen.pid, "log": str(self.log_path)})
-
-    def running(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def stop(self, graceful: bool = True, timeout: float = 20.0) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
-            try:
-                self.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                log.warning("%s ignored SIGTERM; killing", self.name)
-                self.popen.kill()
-                self.popen.wait(timeout=10)
-        if self.log_file is not None:
-            self.log_file.close()
-            self.log_file = None
-
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-
 @dataclass
 class ControlPlane:
     """A running etcd + kube-apiserver; see the module docstring."""
@@ -157,9 +103,9 @@ class ControlPlane:
     etcd_peer_port: int = 0
     apiserver_port: int = 0
     admin_token: str = field(default_factory=lambda: secrets.token_hex(16))
-    _etcd: _Proc | None = None
-    _apiserver: _Proc | None = None
-    _kcm: _Proc | None = None
+    _etcd: Proc | None = None
+    _apiserver: Proc | None = None
+    _kcm: Proc | None = None
 
     # ---- addresses and credentials -------------------------------------------------------
 
@@ -237,19 +183,14 @@ class ControlPlane:
         """Start (or start again) kube-apiserver on its port and wait for /readyz."""
         if self._apiserver is not None and self._apiserver.running():
             return
+        self._apiserver = Proc("kube-apiserver", self._apiserver_argv(), self.work_dir / "kube-apiserver.log")
+        self._apiserver.start()
+        self._wait_ready(self._apiserver)
+
+    def _apiserver_argv(self) -> list[str]:
+        """kube-apiserver's command line; a subclass serving elsewhere overrides it."""
         argv = [
-            str(self.bin_dir / "kube-apiserver"),
-            f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={self.apiserver_port}",
-            f"--cert-dir={self.work_dir / 'pki'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--service-account-issuer=https://kubernetes.default.svc",
-            f"--service-account-key-file={self.work_dir / 'sa.pub'}",
-            f"--service-account-signing-key-file={self.sa_key}",
-            f"--token-auth-file={self.work_dir / 'tokens.csv'}",
-            "--authorization-mode=RBAC",
+            *self._apiserver_base_argv("127.0.0.1"),
             "--disable-admission-plugins=ServiceAccount",
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",
@@ -260,9 +201,25 @@ class ControlPlane:
         if self.settings.watch_cache_sizes:
             argv.append(f"--watch-cache-sizes={self.settings.watch_cache_sizes}")
         argv.extend(self.settings.extra_apiserver_args)
-        self._apiserver = _Proc("kube-apiserver", argv, self.work_dir / "kube-apiserver.log")
-        self._apiserver.start()
-        self._wait_ready(self._apiserver)
+        return argv
+
+    def _apiserver_base_argv(self, address: str) -> list[str]:
+        """What every test apiserver has: this etcd, one address, the kept --cert-dir, the
+        service-account key pair, the admin token file and RBAC."""
+        return [
+            str(self.bin_dir / "kube-apiserver"),
+            f"--etcd-servers={self.etcd_url}",
+            f"--bind-address={address}",
+            f"--advertise-address={address}",
+            f"--secure-port={self.apiserver_port}",
+            f"--cert-dir={self.work_dir / 'pki'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={self.work_dir / 'sa.pub'}",
+            f"--service-account-signing-key-file={self.sa_key}",
+            f"--token-auth-file={self.work_dir / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+        ]
 
     def stop_apiserver(self, graceful: bool = True) -> None:
         """Stop kube-apiserver (SIGTERM, or SIGKILL when graceful=False); etcd keeps running."""
@@ -293,7 +250,7 @@ class ControlPlane:
             f"--root-ca-file={self.ca_file}",
             "--v=1",
         ]
-        self._kcm = _Proc("kube-controller-manager", argv, self.work_dir / "kube-controller-manager.log")
+        self._kcm = Proc("kube-controller-manager", argv, self.work_dir / "kube-controller-manager.log")
         self._kcm.start()
         time.sleep(0.5)
         if not self._kcm.running():
@@ -429,7 +386,7 @@ class ControlPlane:
             "--unsafe-no-fsync",
             "--log-level=warn",
         ]
-        self._etcd = _Proc("etcd", argv, self.work_dir / "etcd.log")
+        self._etcd = Proc("etcd", argv, self.work_dir / "etcd.log")
         self._etcd.start()
         deadline = time.monotonic() + self.settings.start_timeout
         while time.monotonic() < deadline:
@@ -444,7 +401,7 @@ class ControlPlane:
             time.sleep(0.1)
         raise ControlPlaneError(f"etcd not healthy in {self.settings.start_timeout}s:\n{self._etcd.log_tail()}")
 
-    def _wait_ready(self, proc: _Proc) -> None:
+    def _wait_ready(self, proc: Proc) -> None:
         deadline = time.monotonic() + self.settings.start_timeout
         while time.monotonic() < deadline:
             if not proc.running():

@@ -20,7 +20,7 @@ from typing import Any
 from tests.ceph.fixtures import CephTestCluster
 from tests.e2e import host
 from tests.e2e.kube import image_name, volume_uuid, wait_for
-from tests.e2e.kubenode import DRIVER_STATE, KUBELET_ROOT
+from tests.e2e.nodehost import DRIVER_STATE, KUBELET_ROOT
 
 DIRECTORY = "csi.volumes.default"
 """The journal directory of instance `default` (deploy/ does not set --instanceid)."""

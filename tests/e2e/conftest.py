@@ -55,7 +55,7 @@ def e2e() -> Iterator[E2EEnv]:
         failed = env.stop()
         if failed:
             # Teardown problems are reported, not raised: the tests' own results stand, and
-            # the next session's start clears what is left (see KubeNode._clear_leftovers).
+            # the next session's start clears what is left (see NodeHost.clear_leftovers).
             log.warning("e2e teardown left problems: %s", failed)
 
 

@@ -29,8 +29,9 @@ from typing import Any
 import yaml
 
 from tests.ceph.fixtures import CephTestCluster
+from tests.e2e.containerd import PAUSE_IMAGE
 from tests.e2e.kube import DEPLOY_NAMESPACE, DRIVER, Kube, kubectl_argv, wait_for
-from tests.e2e.kubenode import PAUSE_IMAGE, KubeNode, NodeSettings, start_node
+from tests.e2e.kubenode import KubeNode, NodeSettings, start_node
 
 log = logging.getLogger(__name__)
 

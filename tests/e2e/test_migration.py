@@ -46,7 +46,7 @@ from tests.e2e.ceph_csi_node import REGISTERED, STASH, stash
 from tests.e2e.checks import node_leftovers, wait_ceph_gone, watchers
 from tests.e2e.env import IMAGE, REPO, E2EEnv, quickstart_config, storage_class, write_overlay
 from tests.e2e.kube import CONTROLLER_LABELS, DEPLOY_NAMESPACE, DRIVER, NODE_LABELS, Kube, wait_for
-from tests.e2e.kubenode import KUBELET_ROOT
+from tests.e2e.nodehost import KUBELET_ROOT
 from tests.e2e.test_volumes import IDLE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600, func_only=True)]

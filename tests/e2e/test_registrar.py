@@ -9,7 +9,7 @@ import pytest
 
 from tests.e2e.env import E2EEnv
 from tests.e2e.kube import DRIVER
-from tests.e2e.kubenode import KUBELET_ROOT
+from tests.e2e.nodehost import KUBELET_ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120, func_only=True)]
 
