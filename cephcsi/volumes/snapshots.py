@@ -251,17 +251,16 @@ class SnapshotManager:
     def _describe(self, session: Session, io: rados.Ioctx, pool: str, snapshots: Journal, record: Record,
                   shape: _Shape, queue: bool) -> Snapshot:
         """The snapshot as CSI reports it; with `queue`, apply the flatten policy to it."""
-        placement = flatten.Placement(pool, io.get_namespace(), record.image_name)
         if queue:
+            placement = flatten.Placement(pool, io.get_namespace(), record.image_name)
             chain = flatten.after_create(session, io, shape.image_id, placement, self.policy)
-        else:
-            chain = layering.depth(session, io, shape.image_id)
-        if queue:
             # CreateSnapshot, under the snapshot's lease: what lets a restore skip opening the image.
             if record.image_id != shape.image_id or record.get(sources.FINISHED_SIZE) != str(shape.size):
                 snapshots.update(record.uuid, {IMAGE_ID: shape.image_id, sources.FINISHED_SIZE: str(shape.size)})
-        elif not record.image_id:
-            snapshots.set_image_id(record.uuid, shape.image_id)
+        else:
+            chain = layering.depth(session, io, shape.image_id)
+            if not record.image_id:
+                snapshots.set_image_id(record.uuid, shape.image_id)
         created = float(record.get(CREATED) or time.time())
         snapshot_id = VolumeId(sources.decode(record.get(SOURCE_VOLUME_ID), "source volume").cluster_id,
                                io.get_pool_id(), record.uuid).encode()
