@@ -24,9 +24,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from bench import background, osdops, procstat, profile, report
 from bench.embedded import EmbeddedController
@@ -116,37 +116,28 @@ BASELINES = (("raw_remove", "RBD.remove"), ("raw_trash_remove", "trash_move+tras
              ("raw_trash_mgr", "trash_move+mgr purge"))
 
 
-def _driver_side(env: Environment, driver: DriverClient, raw: RawRbd, c: int, k: int,
-                 notes: list[str]) -> dict[str, Any]:
-    """One driver round: k creates then their k deletes at concurrency c, then the drain."""
-    pid = env.controller_pid()
-    cpu0 = procstat.cpu_seconds(pid)
-    created = run_batch(driver.create, _names("drv", c, k), c)
-    cpu1 = procstat.cpu_seconds(pid)
-    deleted = run_batch(driver.delete, created.results, c)
-    cpu2 = procstat.cpu_seconds(pid)
-    _check(created, f"c={c} driver CreateVolume", notes)
-    _check(deleted, f"c={c} driver DeleteVolume", notes)
-    return {"driver_create": created, "driver_delete": deleted,
-            "driver_cpu_create": _cpu_ms_per_op(cpu0, cpu1, len(created.latencies)),
-            "driver_cpu_delete": _cpu_ms_per_op(cpu1, cpu2, len(deleted.latencies)),
-            "drain_driver_s": raw.wait_trash_empty(env.options.drain_timeout_s)}
+class VolumeClient(Protocol):
+    def create(self, name: str) -> str: ...
+
+    def delete(self, volume_id: str) -> None: ...
 
 
-def _embedded_side(env: Environment, embedded: EmbeddedClient, raw: RawRbd, c: int, k: int,
-                   notes: list[str]) -> dict[str, Any]:
-    """One in-process round, as `_driver_side`; CPU is the bench process's own, as the raw side's."""
-    s0 = procstat.self_cpu_seconds()
-    created = run_batch(embedded.create, _names("emb", c, k), c)
-    s1 = procstat.self_cpu_seconds()
-    deleted = run_batch(embedded.delete, created.results, c)
-    s2 = procstat.self_cpu_seconds()
-    _check(created, f"c={c} in-process CreateVolume", notes)
-    _check(deleted, f"c={c} in-process DeleteVolume", notes)
-    return {"embedded_create": created, "embedded_delete": deleted,
-            "embedded_cpu_create": _cpu_ms_per_op(s0, s1, len(created.latencies)),
-            "embedded_cpu_delete": _cpu_ms_per_op(s1, s2, len(deleted.latencies)),
-            "drain_embedded_s": raw.wait_trash_empty(env.options.drain_timeout_s)}
+def _calls_side(env: Environment, prefix: str, what: str, client: VolumeClient, cpu: Callable[[], float],
+                raw: RawRbd, c: int, k: int, notes: list[str]) -> dict[str, Any]:
+    """One round of one path (`prefix` driver: over gRPC, the cephcsi process's CPU clock;
+    embedded: in-process, this process's): k creates then their k deletes at concurrency c,
+    then the drain."""
+    cpu0 = cpu()
+    created = run_batch(client.create, _names(prefix[:3], c, k), c)
+    cpu1 = cpu()
+    deleted = run_batch(client.delete, created.results, c)
+    cpu2 = cpu()
+    _check(created, f"c={c} {what} CreateVolume", notes)
+    _check(deleted, f"c={c} {what} DeleteVolume", notes)
+    return {f"{prefix}_create": created, f"{prefix}_delete": deleted,
+            f"{prefix}_cpu_create": _cpu_ms_per_op(cpu0, cpu1, len(created.latencies)),
+            f"{prefix}_cpu_delete": _cpu_ms_per_op(cpu1, cpu2, len(deleted.latencies)),
+            f"drain_{prefix}_s": raw.wait_trash_empty(env.options.drain_timeout_s)}
 
 
 def _raw_side(env: Environment, raw: RawRbd, c: int, k: int, notes: list[str]) -> dict[str, Any]:
@@ -179,8 +170,11 @@ def _level(env: Environment, driver: DriverClient, embedded: EmbeddedClient, raw
     in-process, raw; in-process, raw, gRPC; ...) so none always runs right after another's drain."""
     rounds = max(1, env.options.rounds)
     k = max(1, env.options.ops // rounds)
-    sides = {"driver": lambda: _driver_side(env, driver, raw, c, k, notes),
-             "embedded": lambda: _embedded_side(env, embedded, raw, c, k, notes),
+    pid = env.controller_pid()
+    sides = {"driver": lambda: _calls_side(env, "driver", "driver", driver, lambda: procstat.cpu_seconds(pid),
+                                           raw, c, k, notes),
+             "embedded": lambda: _calls_side(env, "embedded", "in-process", embedded, procstat.self_cpu_seconds,
+                                             raw, c, k, notes),
              "raw": lambda: _raw_side(env, raw, c, k, notes)}
     order = list(sides)
     out = []
