@@ -17,6 +17,12 @@ def string(text: str) -> bytes:
     return struct.pack("<I", len(raw)) + raw
 
 
+def string_map(values: dict[str, str]) -> bytes:
+    """A map<string, string> (or <string, bufferlist>: a bufferlist is encoded like a string):
+    u32 count, then each key and value, in key order as std::map keeps them."""
+    return struct.pack("<I", len(values)) + b"".join(string(k) + string(values[k]) for k in sorted(values))
+
+
 def versioned(body: bytes, version: int = 1, compat: int = 1) -> bytes:
     return struct.pack("<BBI", version, compat, len(body)) + body
 

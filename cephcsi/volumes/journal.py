@@ -111,15 +111,15 @@ class Hold:
         delete (cephcsi.ceph.imagestate finds the id before anything moves the image) handle."""
         self.lease.on_release[IMAGE_ID] = image_id
 
-    def journal_image_id_behind(self, image_name: str) -> None:
+    def journal_image_id_behind(self, image_name: str, known_id: str = "") -> None:
         """Release the hold after the call has answered, journaling the new image's id (read
-        from its `rbd_id` object) with the release: both are bookkeeping a retry and every
-        delete can do without (see `set_image_id_on_release`), so two round trips leave the
-        create's answer path (`Lease.release_behind`)."""
+        from its `rbd_id` object unless `known_id` says it) with the release: both are
+        bookkeeping a retry and every delete can do without (see `set_image_id_on_release`),
+        so up to two round trips leave the create's answer path (`Lease.release_behind`)."""
 
         def image_id(io: rados.Ioctx) -> dict[str, str]:
             failpoints.reach("create.release-behind")
-            found = images.lookup_id(io, image_name)
+            found = known_id or images.lookup_id(io, image_name)
             return {IMAGE_ID: found} if found else {}
 
         self.lease.release_behind(image_id)

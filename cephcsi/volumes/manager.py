@@ -122,14 +122,21 @@ class VolumeManager:
                             image_id, size = self.cloner.ensure(session, io, request, record)
                         else:
                             image_id, size, made = self._ensure_image(io, request, record.image_name, maybe_exists=not fresh)
-                        # A new image has no metadata to read first.
-                        image_metadata.ensure(io, record.image_name, request.metadata, known_empty=made)
-                        if made and not image_id:
-                            # A new image: its id is read and journaled, and the lease
-                            # released, after the answer (a crash first leaves the id
-                            # unjournaled, which a retry and every delete handle, and the
-                            # lease to lapse).
-                            hold.journal_image_id_behind(record.image_name)
+                        created = made and not image_id
+                        known_id = ""
+                        if created and request.metadata:
+                            # Nobody can have the new image open yet: its owner keys go to its
+                            # header in one class call instead of through an image open.
+                            known_id = image_metadata.set_on_new(io, record.image_name, request.metadata)
+                        else:
+                            # A new image has no metadata to read first.
+                            image_metadata.ensure(io, record.image_name, request.metadata, known_empty=made)
+                        if created:
+                            # A new image: its id is journaled (read first unless the metadata
+                            # step did), and the lease released, after the answer (a crash first
+                            # leaves the id unjournaled, which a retry and every delete handle,
+                            # and the lease to lapse).
+                            hold.journal_image_id_behind(record.image_name, known_id)
                         elif record.image_id != image_id:
                             # Written with the lease's release, for the same reason.
                             hold.set_image_id_on_release(image_id)

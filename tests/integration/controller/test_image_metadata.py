@@ -4,12 +4,13 @@ capabilities are accepted by CreateVolume."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from cephcsi._generated import csi_pb2
 from tests.ceph.fixtures import CephTestCluster
-from tests.integration.controller.helpers import Mode, create_request, image_of, mount_cap
+from tests.integration.controller.helpers import Mode, create_request, image_of, journal_entries, mount_cap
 from tests.integration.driver import DriverProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
@@ -29,6 +30,13 @@ def test_owner_keys_become_image_metadata(driver: DriverProcess, ceph_cluster: C
     volume = driver.controller.CreateVolume(request).volume
     image = image_of(volume.volume_id)
     assert image_meta(ceph_cluster, image) == OWNER
+    # The keys went to the new image's header in one class call (no image open); the id that
+    # call read is the one journaled with the lease's release, just after the answer.
+    image_id = ceph_cluster.admin("rados", "-p", ceph_cluster.pool, "get", f"rbd_id.{image}", "-")[4:]
+    deadline = time.monotonic() + 10
+    while journal_entries(ceph_cluster, "pvc-0b5c")[1].get("csi.imageid") != image_id and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert journal_entries(ceph_cluster, "pvc-0b5c")[1].get("csi.imageid") == image_id
     # A retry (same name) finds the volume and rewrites nothing; the context never carries the keys.
     assert driver.controller.CreateVolume(request).volume.volume_id == volume.volume_id
     assert image_meta(ceph_cluster, image) == OWNER
