@@ -91,6 +91,13 @@ class Kube:
         """Run `sh -c script` in the pod's first container; its stdout."""
         return self.kubectl("-n", namespace, "exec", pod, "--", "sh", "-c", script, timeout=timeout)
 
+    def wait_written(self, namespace: str, pod: str, path: str, timeout: float = 60.0) -> str:
+        """The content of a file the pod's own script writes, once it is there. A pod is Ready as
+        soon as its container starts, which can be well before its script has run (seconds on a
+        busy node): a test that reads or snapshots the data must wait for it first."""
+        return wait_for(f"{path} written in {namespace}/{pod}",
+                        lambda: self.exec_in(namespace, pod, f"cat {path} 2>/dev/null || true").strip(), timeout)
+
     # ---- namespaces ------------------------------------------------------------------------
 
     def create_namespace(self, prefix: str = "e2e") -> str:

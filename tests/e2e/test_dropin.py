@@ -88,7 +88,7 @@ def test_static_volume_then_two_read_only_readers(e2e: E2EEnv, namespace: str, s
     claim_static(e2e, namespace, "static", writer_pv)
     kube.create_pod(namespace, "writer", IMAGE, f"echo {token} > /data/token && sync && {IDLE}", "static")
     kube.wait_pod_ready(namespace, "writer")
-    assert kube.exec_in(namespace, "writer", "cat /data/token").strip() == token
+    assert kube.wait_written(namespace, "writer", "/data/token") == token
     assert fs_type(e2e, namespace, "writer") == "ext4"
     kube.delete_pod(namespace, "writer")
     wait_node_clean(writer_pv, image)

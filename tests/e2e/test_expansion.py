@@ -112,8 +112,7 @@ def test_xfs_grows_twice_online(e2e: E2EEnv, namespace: str) -> None:
     kube.create_pod(namespace, "app", IMAGE, write, "grow")
     kube.wait_pod_ready(namespace, "app")
     assert fs_type(e2e, namespace, "app") == "xfs"
-    wait_for("the pod's files written", lambda: kube.exec_in(namespace, "app", "cat /data/blob.sum 2>/dev/null || true"),
-             timeout=60)
+    kube.wait_written(namespace, "app", "/data/blob.sum")
     # The part of the device xfs keeps for itself (internal log, headers): `df` shows less than
     # the device, and the log does not grow with the filesystem.
     before = df_bytes(e2e, namespace, "app")

@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from tests.e2e.checks import driver_data_path, node_leftovers, wait_node_clean
+from tests.e2e.diagnostics import volume_report
 from tests.e2e.env import IMAGE, E2EEnv
 from tests.e2e.kube import DEPLOY_NAMESPACE, DRIVER, NODE_LABELS, image_name, wait_for
 from tests.e2e.test_volumes import IDLE, delete_claim, provision
@@ -47,6 +48,8 @@ def test_kubelet_restarted_with_a_mounted_volume(e2e: E2EEnv, namespace: str) ->
     image = image_name(pv)
     kube.create_pod(namespace, "app", IMAGE, f"echo {token} > /data/token && sync && {IDLE}", "data")
     before = kube.wait_pod_ready(namespace, "app")
+    # The restart must come after the write (Ready only means the container started).
+    assert kube.wait_written(namespace, "app", "/data/token") == token
 
     e2e.node.restart_kubelet()
     uid = before["metadata"]["uid"]
@@ -54,13 +57,16 @@ def test_kubelet_restarted_with_a_mounted_volume(e2e: E2EEnv, namespace: str) ->
 
     # Same pod, same container (not restarted), the volume still mounted and readable.
     after = kube.wait_pod_ready(namespace, "app", timeout=120)
-    assert after["metadata"]["uid"] == before["metadata"]["uid"]
-    assert [c["restartCount"] for c in after["status"]["containerStatuses"]] == [0]
-    assert [c["containerID"] for c in after["status"]["containerStatuses"]] == \
-        [c["containerID"] for c in before["status"]["containerStatuses"]]
-    assert kube.exec_in(namespace, "app", "cat /data/token").strip() == token
-    assert kube.exec_in(namespace, "app", f"echo {token}-2 > /data/token2 && sync && cat /data/token2").strip() \
-        == f"{token}-2"
+    try:
+        assert after["metadata"]["uid"] == before["metadata"]["uid"]
+        assert [c["restartCount"] for c in after["status"]["containerStatuses"]] == [0]
+        assert [c["containerID"] for c in after["status"]["containerStatuses"]] == \
+            [c["containerID"] for c in before["status"]["containerStatuses"]]
+        assert kube.exec_in(namespace, "app", "cat /data/token").strip() == token
+        assert kube.exec_in(namespace, "app", f"echo {token}-2 > /data/token2 && sync && cat /data/token2").strip() \
+            == f"{token}-2"
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{volume_report(e2e, namespace, 'app', pv)}") from None
 
     # The restarted kubelet rebuilt its view of the mounted volume: deletion unpublishes and
     # unstages it like any other.

@@ -109,8 +109,7 @@ def test_snapshot_and_restore(e2e: E2EEnv, namespace: str, snapshot_class: str) 
                     f"echo {token} > /data/token && head -c 4194304 /dev/urandom > /data/blob && "
                     f"sha256sum /data/blob > /data/blob.sum && sync && {IDLE}", "src")
     kube.wait_pod_ready(namespace, "writer")
-    wait_for("the writer's files written",
-             lambda: kube.exec_in(namespace, "writer", "cat /data/blob.sum 2>/dev/null || true"), timeout=60)
+    kube.wait_written(namespace, "writer", "/data/blob.sum")
     kube.exec_in(namespace, "writer", "sync")
 
     # A snapshot of the claim while its pod runs (crash-consistent, after the pod's sync).
@@ -163,8 +162,7 @@ def test_clone_of_a_claim_into_a_larger_one(e2e: E2EEnv, namespace: str) -> None
     source = provision(e2e, namespace, "src")
     kube.create_pod(namespace, "writer", IMAGE, f"echo {token} > /data/token && sync && {IDLE}", "src")
     kube.wait_pod_ready(namespace, "writer")
-    wait_for("the writer's token written", lambda: kube.exec_in(namespace, "writer", "cat /data/token 2>/dev/null || true"),
-             timeout=60)
+    kube.wait_written(namespace, "writer", "/data/token")
     kube.exec_in(namespace, "writer", "sync")
 
     kube.core.create_namespaced_persistent_volume_claim(namespace, {

@@ -76,7 +76,7 @@ def test_filesystem_volume_survives_its_pod(e2e: E2EEnv, namespace: str) -> None
 
     kube.create_pod(namespace, "writer", IMAGE, f"echo {token} > /data/token && sync && {IDLE}", "data")
     kube.wait_pod_ready(namespace, "writer")
-    assert kube.exec_in(namespace, "writer", "cat /data/token").strip() == token
+    assert kube.wait_written(namespace, "writer", "/data/token") == token
     assert fs_type(e2e, namespace, "writer") == "ext4"
     assert watchers(e2e.ceph, image), "a mapped image has a watcher: the node's rbd-fuse"
     assert [a["status"].get("attached") for a in attachments_of(e2e, pv)] == [True]
