@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CSI_SANITY_VERSION="${CSI_SANITY_VERSION:-v5.4.0}"
+CSI_SANITY_VERSION="${CSI_SANITY_VERSION:-v5.6.0}"
 VENV="${VENV:-.venv}"
 
 log() { printf '[setup] %s\n' "$*"; }
