@@ -1,6 +1,7 @@
 """Section 1: CreateVolume/DeleteVolume through the gRPC socket of a real
 `cephcsi --mode=controller --sidecars=none`, and in-process as the embedded provisioner calls
-them (bench.embedded: the same servicer, no gRPC hop), beside raw python-rbd at the same
+them (bench.embedded: the same servicer, no gRPC hop, with the claim's owner keys that deploy/'s
+`--extra-create-metadata` makes it send), beside raw python-rbd at the same
 concurrency on the same cluster in the same run.
 
 Baselines:
@@ -37,6 +38,7 @@ from bench.raw import RawRbd
 from bench.sections.base import Section
 from bench.stats import Spread, Summary, percentile, pooled, ratio_spread, spread
 from cephcsi._generated import csi_pb2
+from cephcsi.volumes.metadata import PV_NAME_KEY, PVC_NAME_KEY, PVC_NAMESPACE_KEY
 
 log = logging.getLogger("bench")
 
@@ -46,14 +48,23 @@ RPC_TIMEOUT_S = 120.0
 Mode = csi_pb2.VolumeCapability.AccessMode
 
 
-def _create_request(env: Environment, name: str) -> csi_pb2.CreateVolumeRequest:
+OWNER_NAMESPACE = "bench"
+
+
+def _create_request(env: Environment, name: str, owner_keys: bool = False) -> csi_pb2.CreateVolumeRequest:
+    """With `owner_keys`, the parameters the embedded provisioner adds under deploy/'s
+    `--extra-create-metadata` (claim name and namespace, PV name), which the driver writes to the
+    new image as metadata: the shipped path's CreateVolume."""
     cluster = env.start_cluster()
+    parameters = dict(cluster.parameters)
+    if owner_keys:
+        parameters.update({PVC_NAME_KEY: name, PVC_NAMESPACE_KEY: OWNER_NAMESPACE, PV_NAME_KEY: name})
     return csi_pb2.CreateVolumeRequest(
         name=name,
         capacity_range=csi_pb2.CapacityRange(required_bytes=env.options.size_bytes),
         volume_capabilities=[csi_pb2.VolumeCapability(
             mount=csi_pb2.VolumeCapability.MountVolume(), access_mode=Mode(mode=Mode.SINGLE_NODE_WRITER))],
-        parameters=cluster.parameters,
+        parameters=parameters,
         secrets=cluster.secrets,
     )
 
@@ -83,7 +94,7 @@ class EmbeddedClient:
         self.controller = EmbeddedController(str(env.config_file), DRIVER_ARGS, env.workdir / "embedded-controller.log")
 
     def create(self, name: str) -> str:
-        return self.controller.create(_create_request(self.env, name))
+        return self.controller.create(_create_request(self.env, name, owner_keys=True))
 
     def delete(self, volume_id: str) -> None:
         self.controller.delete(csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=self.secrets))
@@ -453,7 +464,9 @@ def run(env: Environment) -> SectionResult:
         "What each call costs in RADOS operations and CPU, and why: bench/README.md ('What each call costs').",
         "in-process: the same ControllerServicer calls the embedded provisioner makes inside `cephcsi "
         "--mode=controller` (context=None: validation, logging, metrics and storage code as over gRPC, no gRPC hop), "
-        "run in the bench process; over gRPC is what an external caller (csi-provisioner, csi-sanity) pays.",
+        "run in the bench process, with the claim owner keys deploy/'s --extra-create-metadata adds (written to the "
+        "new image as metadata); over gRPC is what an external caller without that flag (csi-provisioner's default, "
+        "csi-sanity) pays.",
     ])
     # Later sections read the first pass (quiet unless only loaded passes ran) and the RPC count.
     first = passes[0][1] if passes else []
