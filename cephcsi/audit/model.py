@@ -316,6 +316,9 @@ class ImageEntry:
     pvs: tuple[str, ...] = ()
     """PersistentVolumes naming it (empty without --kubeconfig)."""
     owner: ImageOwner | None = None
+    contents: tuple[str, ...] = ()
+    """VolumeSnapshotContents naming it, for a snapshot image (empty without --kubeconfig or
+    without the snapshot CRDs)."""
 
 
 @dataclass(frozen=True)

@@ -45,11 +45,14 @@ def live_images(snap: Snapshot) -> list[tuple[str, str]]:
 
 def listing(snap: Snapshot, owners: Mapping[str, ImageOwner]) -> tuple[ImageEntry, ...]:
     """`--list-images`: each live image with the request the journal records for it, the PVs
-    naming it and the owner its metadata names."""
+    naming it (the VolumeSnapshotContents, for a snapshot image) and the owner its metadata
+    names."""
     records = [*snap.records.values(), *snap.split_records.values(), *snap.snap_journal.records.values()]
     requests = {r.image_name: r.name for r in records if r.name and r.image_name}
+    snapshots = {r.image_name: uuid for uuid, r in snap.snap_journal.records.items() if r.image_name}
     return tuple(
         ImageEntry(name, image_id, requests.get(name, ""), snap.pvs_naming(snap.uuid_of(name), name),
-                   owners.get(image_id))
+                   owners.get(image_id),
+                   snap.contents_naming(snapshots[name], requests.get(name, "")) if name in snapshots else ())
         for name, image_id in live_images(snap)
     )

@@ -62,7 +62,7 @@ def _owner_json(owner: ImageOwner | None) -> dict[str, str] | None:
 
 def _images_json(images: tuple[ImageEntry, ...]) -> list[dict[str, Any]]:
     return [{"name": i.name, "image_id": i.image_id, "request_name": i.request_name, "pvs": list(i.pvs),
-             "owner": _owner_json(i.owner)} for i in images]
+             "contents": list(i.contents), "owner": _owner_json(i.owner)} for i in images]
 
 
 def to_json(result: AuditResult) -> str:
@@ -133,8 +133,9 @@ def _images_table(images: tuple[ImageEntry, ...]) -> list[str]:
     """The --list-images section: one line per live image, '-' for what is unknown."""
     if not images:
         return ["no images"]
-    rows = [(i.name, i.request_name or "-", ",".join(i.pvs) or "-", i.owner.text if i.owner else "-") for i in images]
-    heads = ("IMAGE", "REQUEST", "PV", "OWNER (metadata)")
+    rows = [(i.name, i.request_name or "-", ",".join(i.pvs + i.contents) or "-", i.owner.text if i.owner else "-")
+            for i in images]
+    heads = ("IMAGE", "REQUEST", "PV / CONTENT", "OWNER (metadata)")
     widths = [max(len(heads[c]), *(len(r[c]) for r in rows)) for c in range(3)]
 
     def line(cells: tuple[str, str, str, str]) -> str:

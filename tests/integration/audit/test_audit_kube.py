@@ -196,9 +196,9 @@ def test_contents_and_snapshots_are_compared_and_named_snapshots_are_never_repai
 
         source = handle(new_uuid())  # the volume the dynamic contents were cut from
         dynamic, _ = s.snapshot("snapshot-dynamic")
-        contents({"volumeHandle": source}, handle=handle(dynamic), uid=new_uuid())
+        content_dynamic = contents({"volumeHandle": source}, handle=handle(dynamic), uid=new_uuid())
         imported, _ = s.snapshot("snapshot-imported")
-        contents({"snapshotHandle": handle(imported)})
+        content_imported = contents({"snapshotHandle": handle(imported)})
         outside, _ = s.snapshot("snapshot-outside")  # made outside Kubernetes: no content names it
         contents({"snapshotHandle": handle(outside)}, driver="other.csi.example.com")
         contents({"snapshotHandle": handle(outside, cluster="another-cluster")})
@@ -237,6 +237,12 @@ def test_contents_and_snapshots_are_compared_and_named_snapshots_are_never_repai
             assert found[key]["fix"] is None and "VolumeSnapshotContent" in found[key]["why_not"], found[key]
             assert content is None or content in found[key]["why_not"]
         assert found[("dangling-record", "snapshot-debris")]["fix"] == "remove-record"
+        # The listing names each snapshot image's contents.
+        rc, doc, _ = run_audit(ceph_cluster, config, *kube, "--list-images")
+        listed = {i["name"]: i["contents"] for i in doc["images"]}
+        assert listed[s.image_name(dynamic)] == [content_dynamic]
+        assert listed[s.image_name(imported)] == [content_imported]
+        assert listed[s.image_name(outside)] == [] and listed[s.image_name(orphan)] == []
 
         rc, doc, _ = run_audit(ceph_cluster, config, *kube, "--repair", "--repair-orphan-images")
         outcomes = {(f["kind"], f["subject"]): f["repair"]["outcome"] for f in doc["findings"]}

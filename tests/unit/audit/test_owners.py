@@ -12,7 +12,16 @@ import rbd
 
 from cephcsi.audit import owners, report, scan
 from cephcsi.audit.classify import classify
-from cephcsi.audit.model import ImageOwner, Kind, PVView, RecordView, Snapshot, TrashView
+from cephcsi.audit.model import (
+    ContentView,
+    ImageOwner,
+    Kind,
+    PVView,
+    RecordView,
+    SnapJournalView,
+    Snapshot,
+    TrashView,
+)
 from cephcsi.ceph import image_metadata
 from cephcsi.ceph.imagestate import TrashState
 from cephcsi.cli import audit as cli
@@ -73,6 +82,29 @@ def test_the_listing_names_request_pvs_and_owner_of_every_live_image() -> None:
     assert (entries[IMG1].request_name, entries[IMG1].pvs, entries[IMG1].owner) == ("pvc-1", ("pv-1",), OWNER)
     assert (entries[IMG2].request_name, entries[IMG2].pvs, entries[IMG2].owner) == ("", (), None)
     assert entries["backup"].pvs == ("static",)
+    assert all(e.contents == () for e in entries.values())
+
+
+def test_the_listing_names_the_contents_of_a_snapshot_image() -> None:
+    """A snapshot image is named by VolumeSnapshotContents, by handle, or by request name while
+    the snapshotter's create is in progress; a volume image never is."""
+    snap_image = f"csi-snap-{U3}"
+    journal = SnapJournalView(name_keys={"snapshot-77": U3},
+                              records={U3: RecordView(U3, "snapshot-77", snap_image, "id4")})
+    snap = replace(pool(), directory={**pool().directory, snap_image: "id4"},
+                   id_objects={**pool().id_objects, snap_image: "id4"}, headers=pool().headers | {"id4"},
+                   snap_journal=journal,
+                   contents=(ContentView("snapcontent-a", uuid=U3), ContentView("snapcontent-b", request_name="snapshot-77"),
+                             ContentView("snapcontent-other", uuid=U2)))
+    entries = {e.name: e for e in owners.listing(snap, {})}
+    assert entries[snap_image].request_name == "snapshot-77"
+    assert entries[snap_image].contents == ("snapcontent-a", "snapcontent-b")
+    assert entries[IMG1].contents == () and entries[IMG2].contents == ()
+    result = report.AuditResult(SCOPE, (), None, images=tuple(entries.values()))
+    row = next(line for line in report.to_table(result).splitlines() if line.startswith(snap_image))
+    assert row.split()[2] == "snapcontent-a,snapcontent-b"
+    listed = {i["name"]: i for i in json.loads(report.to_json(result))["images"]}
+    assert listed[snap_image]["contents"] == ["snapcontent-a", "snapcontent-b"] and listed[IMG1]["contents"] == []
 
 
 class FakeImage:
