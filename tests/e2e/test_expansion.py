@@ -150,6 +150,8 @@ def test_block_grows_online(e2e: E2EEnv, namespace: str) -> None:
              f"{IDLE}")
     kube.create_pod(namespace, "app", IMAGE, write, "raw", block=True)
     kube.wait_pod_ready(namespace, "app")
+    read_token = "dd if=/dev/e2e-block bs=32 count=1 2>/dev/null"
+    wait_for("the pod's token written", lambda: kube.exec_in(namespace, "app", read_token) == token, timeout=60)
     size_cmd = "blockdev --getsize64 /dev/e2e-block"
     assert int(kube.exec_in(namespace, "app", size_cmd)) == 64 * MI
 
@@ -160,7 +162,7 @@ def test_block_grows_online(e2e: E2EEnv, namespace: str) -> None:
              timeout=60, interval=2.0,
              explain=lambda: f"blockdev in the pod: {kube.exec_in(namespace, 'app', size_cmd).strip()} bytes; "
                              f"RBD image: {image_bytes(e2e, image)} bytes\n{node_expand_log(e2e)}")
-    assert kube.exec_in(namespace, "app", "dd if=/dev/e2e-block bs=32 count=1 2>/dev/null") == token
+    assert kube.exec_in(namespace, "app", read_token) == token
     # The new space is usable: write and read back at the last MiB of the grown device.
     tail = uuid.uuid4().hex
     kube.exec_in(namespace, "app", f"printf %s {tail} > /tmp/tail && "
@@ -179,6 +181,7 @@ def test_ext4_grows_online_or_at_the_next_stage(e2e: E2EEnv, namespace: str) -> 
     command = f"test -f /data/token || echo {token} > /data/token; sync; {IDLE}"
     kube.create_pod(namespace, "app", IMAGE, command, "grow4")
     kube.wait_pod_ready(namespace, "app")
+    assert kube.wait_written(namespace, "app", "/data/token") == token
     assert fs_type(e2e, namespace, "app") == "ext4"
     before = df_bytes(e2e, namespace, "app")
 
