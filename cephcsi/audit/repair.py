@@ -29,7 +29,7 @@ import rbd
 
 from cephcsi.audit.model import Finding, Fix, JournalType, Kind, Outcome, Repair, Snapshot
 from cephcsi.audit.scan import decode_deferment
-from cephcsi.ceph import imagestate, layering, omap, trash
+from cephcsi.ceph import images, imagestate, layering, omap, trash
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.ceph.imagestate import ImageState, TrashState
@@ -139,7 +139,8 @@ def _take_out(ctx: RepairContext, state: ImageState) -> str:
     if state.gone:
         return "image already gone"
     if state.partial_create:
-        trash.remove_partial(ctx.io, state.name)
+        if images.remove_headerless(ctx.io, state.name) is not None:
+            raise _Refused(f"image {state.name!r} turned out complete; not touched")
         return "removed the partial create"
     if state.trash is None:
         raise _Refused(f"image {state.name!r} is live or has a header but no name; not touched")

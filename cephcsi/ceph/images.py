@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import rados
 import rbd
 
-from cephcsi.ceph import encoding
+from cephcsi.ceph import encoding, omap
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import Internal
 from cephcsi.observability.logging import fields
@@ -105,13 +105,64 @@ def create(io: rados.Ioctx, name: str, size: int, features: tuple[str, ...], dat
             existing = stat(io, name)
             if existing is not None:
                 return existing.image_id
-            log.warning("removing a partially created image", extra=fields(image=name))
-            try:
-                rbd.RBD().remove(io, name)
-            except rbd.ImageNotFound:
-                pass
+            completed = remove_headerless(io, name)
+            if completed is not None:
+                return completed.image_id
             rbd.RBD().create(io, name, size, old_format=False, features=mask, data_pool=data_pool or None)
     image_id = lookup_id(io, name)
     if image_id is None:
         raise Internal(f"image {name!r} has no id right after it was created; retry")
     return image_id
+
+
+DIRECTORY = "rbd_directory"
+
+
+def remove_headerless(io: rados.Ioctx, name: str) -> ImageInfo | None:
+    """Remove the debris of a create killed inside librbd before it wrote the image's header
+    (so no data can exist): its `rbd_id.<name>` object, then its directory entry. (A create
+    killed after its header but before the image could be opened goes through librbd's
+    `remove`.) Returns the image, untouched, when it is complete after all: a killed client's
+    last operations can still land after the look that called it debris.
+
+    By hand, with cls_rbd's `dir_remove_image`, because `RBD.remove` takes such an image through
+    the trash: killed inside it, it leaves a trash entry that nothing looks for once the name is
+    free again (the retried create makes a new image under the name and the entry leaks). Here
+    each step is idempotent and the id object goes first, so a crash in between leaves a
+    directory entry alone, itself a partial-create shape that the retry removes."""
+    raw = (omap.read_raw(io, DIRECTORY, (f"name_{name}",)) or {}).get(f"name_{name}")
+    listed_id = encoding.read_string(raw)[0] if raw else ""
+    image_id = read_id_object(io, name) or listed_id
+    if image_id and _has_header(io, image_id):
+        # Killed after its header, yet not openable: librbd's own remove, as before.
+        complete = stat(io, name)
+        if complete is not None:
+            return complete
+        log.warning("removing a partially created image", extra=fields(image=name, image_id=image_id))
+        with ceph_call("remove partially created image", f"image {name!r}"):
+            try:
+                rbd.RBD().remove(io, name)
+            except rbd.ImageNotFound:
+                pass
+        return None
+    with ceph_call("remove partially created image", f"image {name!r}"):
+        log.warning("removing a partially created image", extra=fields(image=name, image_id=image_id))
+        try:
+            io.remove_object(f"rbd_id.{name}")
+        except rados.ObjectNotFound:
+            pass
+        if listed_id:
+            try:
+                io.execute(DIRECTORY, "rbd", "dir_remove_image", encoding.string(name) + encoding.string(listed_id))
+            except rados.ObjectNotFound:
+                pass
+    return None
+
+
+def _has_header(io: rados.Ioctx, image_id: str) -> bool:
+    with ceph_call("stat image header", f"image id {image_id!r}"):
+        try:
+            io.stat(f"rbd_header.{image_id}")
+        except rados.ObjectNotFound:
+            return False
+    return True

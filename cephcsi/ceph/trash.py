@@ -88,16 +88,6 @@ def set_state(io: rados.Ioctx, image_id: str, new: TrashState, expected: TrashSt
         io.execute(TRASH, "rbd", "trash_state_set", request)
 
 
-def remove_partial(io: rados.Ioctx, name: str) -> None:
-    """Remove the debris of an interrupted create (no header, so no data)."""
-    log.warning("removing a partially created image", extra=fields(image=name))
-    with ceph_call("remove partial image", f"image {name!r}"):
-        try:
-            rbd.RBD().remove(io, name)
-        except rbd.ImageNotFound:
-            pass
-
-
 @dataclass
 class _Purge:
     """One inline removal: every call waiting on it reads its outcome from here."""

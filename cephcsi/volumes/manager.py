@@ -316,8 +316,14 @@ class VolumeManager:
         if state.gone:
             return
         if state.partial_create:
-            trash.remove_partial(io, record.image_name)
-            return
+            complete = images.remove_headerless(io, record.image_name)
+            if complete is None:
+                return
+            # A complete image under the name after all, with an id the journal lacks (a create
+            # killed after its header, or its last operations landing late): journaled, then
+            # taken out like any live image.
+            journal.set_image_id(record.uuid, complete.image_id)
+            state = imagestate.inspect(io, record.image_name, complete.image_id)
         if state.trash is None and not state.live:
             raise Internal(
                 f"image {record.image_name!r} (id {state.image_id}) has a header but no name or trash entry; "

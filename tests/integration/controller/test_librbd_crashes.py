@@ -11,6 +11,7 @@ import itertools
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
 import grpc
@@ -18,6 +19,7 @@ import pytest
 import rbd
 
 from cephcsi._generated import csi_pb2
+from cephcsi.ceph import images, imagestate
 from cephcsi.ceph.imagestate import ImageState, TrashState
 from tests.ceph.fixtures import CephTestCluster
 from cephcsi.ceph.connection import ConnectionCache
@@ -144,6 +146,56 @@ def test_partial_create_is_completed_by_create_and_removed_by_delete(
                 assert image.size() == request.capacity_range.required_bytes
         _delete(controller, ceph_cluster, volume_id)
         assert wait_for_pool(ceph_cluster, baseline) == baseline
+
+
+def _partial_create(cluster: CephTestCluster, name: str) -> imagestate.ImageState:
+    """Kill `RBD.create` of `name` until it leaves debris without a header: kills swept over
+    the call's first 40 ms, each looked at once what the killed client had sent has landed."""
+    for attempt in range(80):
+        kill_inside(cluster, "create", name, delay=attempt * 0.0005)
+        time.sleep(0.5)
+        with admin_ioctx(cluster) as io:
+            state = imagestate.inspect(io, name)
+            if state.partial_create:
+                return state
+            if not state.gone:
+                rbd.RBD().remove(io, name)  # created in full (or not at all): try again
+    raise AssertionError(f"no partial create of {name} in 80 kills")
+
+
+def test_partial_create_debris_is_removed_without_the_trash(ceph_cluster: CephTestCluster) -> None:
+    """`images.remove_headerless`, which create and delete use for a create killed before its
+    header: the id object, then the directory entry, never through the trash. librbd's
+    `remove` took the debris through the trash, and a kill inside it left a trash entry that no
+    retry looked for once the create made a new image under the name (found by the random
+    SIGKILL test). The shape between its two steps, a directory entry alone, is removed too; a
+    complete image is refused."""
+    baseline = read_pool(ceph_cluster)
+    name = f"csi-vol-{uuid.uuid4()}"
+    _partial_create(ceph_cluster, name)
+    with admin_ioctx(ceph_cluster) as io:
+        images.remove_headerless(io, name)
+        assert imagestate.inspect(io, name).gone
+    assert read_pool(ceph_cluster) == baseline
+
+    state = _partial_create(ceph_cluster, name)
+    with admin_ioctx(ceph_cluster) as io:
+        if state.id_object:
+            io.remove_object(f"rbd_id.{name}")  # as if killed between the two steps
+        left = imagestate.inspect(io, name)
+        assert left.partial_create and left.directory and not left.id_object
+        images.remove_headerless(io, name)
+        assert imagestate.inspect(io, name).gone
+        images.remove_headerless(io, name)  # nothing left: a no-op
+    assert read_pool(ceph_cluster) == baseline
+
+    with admin_ioctx(ceph_cluster) as io:
+        rbd.RBD().create(io, name, 8 << 20, old_format=False, features=1)
+        complete = images.remove_headerless(io, name)
+        assert complete is not None and complete.size == 8 << 20
+        assert imagestate.inspect(io, name).live
+        rbd.RBD().remove(io, name)
+    assert read_pool(ceph_cluster) == baseline
 
 
 def test_create_and_delete_of_one_name_exclude_each_other_across_processes(
