@@ -15,8 +15,10 @@ instants on Ceph 16 (and reading librbd's trash code) gives exactly these shapes
 `trash_move(name)` resumes every MOVING shape (librbd finds an interrupted move by name) but
 one: a clone parent's move (source USER_PARENT, made by `remove`) cut after the directory entry
 went, which only its final state change can finish (cephcsi.ceph.trash),
-`remove(name)` clears a partial create, and a trash removal (the mgr's task or inline)
-finishes NORMAL and REMOVING entries. The python bindings expose none of the trash *state*,
+a partial create is cleared by `images.remove_headerless` (its two objects, by hand: `remove(name)`
+would take it through the trash, and a kill inside that leaves an entry nothing looks for once the
+name is taken again), and a trash removal (the mgr's task or inline) finishes NORMAL and REMOVING
+entries. The python bindings expose none of the trash *state*,
 so it is read here from the omap value (cls_rbd's TrashImageSpec encoding).
 """
 from __future__ import annotations
