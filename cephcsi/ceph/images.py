@@ -20,6 +20,9 @@ from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)
 
+DIRECTORY = "rbd_directory"
+"""The pool's image directory object (omap `name_<name>` → id, `id_<id>` → name)."""
+
 FEATURE_BITS: dict[str, int] = {
     "layering": rbd.RBD_FEATURE_LAYERING,
     "exclusive-lock": rbd.RBD_FEATURE_EXCLUSIVE_LOCK,
@@ -115,9 +118,6 @@ def create(io: rados.Ioctx, name: str, size: int, features: tuple[str, ...], dat
     return image_id
 
 
-DIRECTORY = "rbd_directory"
-
-
 def remove_headerless(io: rados.Ioctx, name: str) -> ImageInfo | None:
     """Remove the debris of a create killed inside librbd before it wrote the image's header
     (so no data can exist): its `rbd_id.<name>` object, then its directory entry. (A create
@@ -145,8 +145,8 @@ def remove_headerless(io: rados.Ioctx, name: str) -> ImageInfo | None:
             except rbd.ImageNotFound:
                 pass
         return None
+    log.warning("removing a partially created image", extra=fields(image=name, image_id=image_id))
     with ceph_call("remove partially created image", f"image {name!r}"):
-        log.warning("removing a partially created image", extra=fields(image=name, image_id=image_id))
         try:
             io.remove_object(f"rbd_id.{name}")
         except rados.ObjectNotFound:

@@ -31,7 +31,7 @@ import rados
 from cephcsi.ceph import encoding, images, omap
 from cephcsi.ceph.batch import Batch, Pending
 
-DIRECTORY = "rbd_directory"
+DIRECTORY = images.DIRECTORY
 TRASH = "rbd_trash"
 
 

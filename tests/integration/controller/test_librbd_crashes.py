@@ -149,18 +149,19 @@ def test_partial_create_is_completed_by_create_and_removed_by_delete(
 
 
 def _partial_create(cluster: CephTestCluster, name: str) -> imagestate.ImageState:
-    """Kill `RBD.create` of `name` until it leaves debris without a header: kills swept over
-    the call's first 40 ms, each looked at once what the killed client had sent has landed."""
-    for attempt in range(80):
-        kill_inside(cluster, "create", name, delay=attempt * 0.0005)
-        time.sleep(0.5)
+    """Kill `RBD.create` of `name` until it leaves debris without a header: kills swept (with
+    jitter) over the call's first 40 ms, each looked at once what the killed client had sent
+    has landed. The window is a few ms wide and moves with the machine's load."""
+    for attempt in range(240):
+        kill_inside(cluster, "create", name, delay=(attempt % 80) * 0.0005 + random.uniform(0, 0.0005))
+        time.sleep(0.3)
         with admin_ioctx(cluster) as io:
             state = imagestate.inspect(io, name)
             if state.partial_create:
                 return state
             if not state.gone:
                 rbd.RBD().remove(io, name)  # created in full (or not at all): try again
-    raise AssertionError(f"no partial create of {name} in 80 kills")
+    raise AssertionError(f"no partial create of {name} in 240 kills")
 
 
 def test_partial_create_debris_is_removed_without_the_trash(ceph_cluster: CephTestCluster) -> None:
