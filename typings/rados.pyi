@@ -10,7 +10,7 @@
 import time
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import Final, Literal, Self
+from typing import Any, Final, Literal, Self
 
 
 LIBRADOS_OPERATION_NOFLAG: Final[int]
@@ -148,6 +148,12 @@ class Ioctx:
     def execute(self, key: str, cls: str, method: str, data: bytes,
                 length: int = 8192) -> tuple[int, bytes]: ...
     def notify(self, obj: str, msg: str = "", timeout_ms: int = 5000) -> bool: ...
+    def aio_notify(self, obj: str,
+                   oncomplete: Callable[[Completion, int, list[Any] | None, list[Any] | None], None],
+                   msg: str = "", timeout_ms: int = 5000) -> Completion: ...
+    def aio_execute(self, object_name: str, cls: str, method: str, data: bytes, length: int = 8192,
+                    oncomplete: Callable[[Completion, bytes], None] | None = None,
+                    onsafe: Callable[[Completion, bytes], None] | None = None) -> Completion: ...
     def operate_write_op(self, write_op: WriteOp, oid: str, mtime: int = 0, flags: int = ...) -> None: ...
     def operate_read_op(self, read_op: ReadOp, oid: str, flag: int = ...) -> None: ...
     def operate_aio_read_op(self, read_op: ReadOp, oid: str, oncomplete: Callable[[Completion], None] | None = None,

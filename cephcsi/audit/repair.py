@@ -36,7 +36,7 @@ from cephcsi.ceph.imagestate import ImageState, TrashState
 from cephcsi.errors import CephCSIError, OperationInFlight
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import dependents
-from cephcsi.volumes.journal import Journal
+from cephcsi.volumes.journal import Hold, Journal
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,8 @@ def repair_one(ctx: RepairContext, finding: Finding) -> Repair:
     journal = ctx.journal_of(finding)
     assert journal is not None
     try:
-        with _holding(ctx, journal, finding.uuid):
-            action = ACTIONS[finding.fix](ctx, finding)
+        with _holding(ctx, journal, finding.uuid) as hold:
+            action = ACTIONS[finding.fix](ctx, finding, hold)
         repair = Repair(finding, Outcome.REPAIRED, action)
     except _Resolved as why:
         repair = Repair(finding, Outcome.RESOLVED, str(why))
@@ -118,10 +118,10 @@ def repair_one(ctx: RepairContext, finding: Finding) -> Repair:
 
 
 @contextmanager
-def _holding(ctx: RepairContext, journal: Journal, uuid: str) -> Iterator[None]:
-    with journal.locked(uuid):
+def _holding(ctx: RepairContext, journal: Journal, uuid: str) -> Iterator[Hold]:
+    with journal.locked(uuid) as hold:
         try:
-            yield
+            yield hold
         finally:
             # cls_lock created the record object if it was missing: leave no empty one behind
             # (an empty record reads as absent either way, so this changes no outcome).
@@ -155,14 +155,14 @@ def _take_out(ctx: RepairContext, state: ImageState) -> str:
         else "queued the trash purge"
 
 
-def _remove_partial(ctx: RepairContext, finding: Finding) -> str:
+def _remove_partial(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
     state = _inspect(ctx, finding)
     if not state.partial_create:
         raise _Resolved("no longer a partial create")
     return _take_out(ctx, state)
 
 
-def _finish_trash(ctx: RepairContext, finding: Finding) -> str:
+def _finish_trash(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
     state = _inspect(ctx, finding)
     if state.trash is None:
         raise _Resolved("no longer in the trash")
@@ -180,7 +180,7 @@ def _journal(ctx: RepairContext, finding: Finding) -> Journal:
     return journal
 
 
-def _remove_record(ctx: RepairContext, finding: Finding) -> str:
+def _remove_record(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
     journal = _journal(ctx, finding)
     record = journal.read(finding.uuid)
     if record is None:
@@ -198,17 +198,17 @@ def _remove_record(ctx: RepairContext, finding: Finding) -> str:
     return f"{done}; removed the record{' and its name key' if named else ''}"
 
 
-def _release_key(ctx: RepairContext, finding: Finding) -> str:
+def _release_key(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
     journal = _journal(ctx, finding)
     if journal.lookup(finding.name) != finding.uuid:
         raise _Resolved("the name key changed")
     if journal.read(finding.uuid) is not None:
         raise _Resolved("the record exists now")
-    journal.release_name(finding.name, finding.uuid)
+    journal.release_unrecorded(finding.name, finding.uuid, hold)
     return "released the name key"
 
 
-def _trash_orphan(ctx: RepairContext, finding: Finding) -> str:
+def _trash_orphan(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
     record = _journal(ctx, finding).read(finding.uuid)
     if record is not None and record.image_name == finding.image_name:
         raise _Resolved("the journal names the image now")
@@ -233,7 +233,7 @@ def _has_clones(io: rados.Ioctx, name: str) -> bool:
             return False
 
 
-def _remove_temp_snap(ctx: RepairContext, finding: Finding) -> str:
+def _remove_temp_snap(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
     """Under the volume's lease, which every call holds while its temporary snapshot exists:
     one found now belongs to a call that was killed (cephcsi.volumes.sources.sweep_temporaries)."""
     record = ctx.journal.read(finding.uuid)
@@ -262,7 +262,7 @@ def _utc(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
-ACTIONS: dict[Fix, Callable[[RepairContext, Finding], str]] = {
+ACTIONS: dict[Fix, Callable[[RepairContext, Finding, Hold], str]] = {
     Fix.REMOVE_PARTIAL: _remove_partial,
     Fix.FINISH_MOVE: _finish_trash,
     Fix.PURGE: _finish_trash,

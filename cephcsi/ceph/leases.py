@@ -61,6 +61,8 @@ class Lease:
     for both); dropped if the lease was lost meanwhile."""
     behind: Callable[[rados.Ioctx], dict[str, str]] | None = None
     """Set by `release_behind`: the release happens after the holder has answered."""
+    taken_at: float = 0.0
+    """Monotonic time at which the op that took the lease was sent."""
     expires_at: float = 0.0
     """Monotonic time by which the OSD may have let the lock lapse: `seconds` after the start of
     the last lock or renewal op that succeeded (counted from the start: the OSD's clock may have
@@ -135,7 +137,7 @@ class LeaseKeeper:
             yield None
             return
         lease = Lease(io, obj, name, cookie, seconds, time.monotonic() + seconds / 3, filled=filled, values=values,
-                      expires_at=started + max(1, int(seconds)))
+                      taken_at=started, expires_at=started + max(1, int(seconds)))
         self._add(lease)
         try:
             yield lease

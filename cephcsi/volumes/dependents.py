@@ -15,6 +15,7 @@ refused by name rather than leaked into a trash entry no purge could ever remove
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from dataclasses import dataclass
 
@@ -22,9 +23,10 @@ import rados
 import rbd
 
 from cephcsi.ceph import imagestate, layering, trash
+from cephcsi.ceph.batch import Batch
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.ceph.imagestate import ImageState
-from cephcsi.errors import FailedPrecondition
+from cephcsi.errors import CephCSIError, FailedPrecondition
 from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,41 @@ def probe(io: rados.Ioctx, name: str) -> Usage | None:
         return _usage(io, name)
     except (rbd.Error, rados.Error):
         return None
+
+
+class HeaderProbe:
+    """`probe` for the common case, without the open: two reads of the header of image id
+    `image_id`, sent together now and read later — does any client watch it, and does it have
+    snapshots (cls_rbd `get_snapcontext`). An image with neither is unused and no clone parent
+    (a clone reads through a snapshot of its parent), which is all a delete needs to know;
+    anything else is left to the read-only open (`usage` returns None), which names the
+    watchers and lists the snapshots."""
+
+    def __init__(self, io: rados.Ioctx, image_id: str) -> None:
+        self.image_id = image_id
+        header = f"rbd_header.{image_id}"
+        self._batch = Batch(io)
+        self._free = self._batch.watch_free(header)
+        self._snap_context = self._batch.execute(header, "rbd", "get_snapcontext")
+
+    def usage(self) -> Usage | None:
+        try:
+            self._batch.wait()
+            free = self._free.result()
+            reply = self._snap_context.result()
+        except CephCSIError:
+            return None  # the open reports it, with the image's name
+        if free is not True or reply is None or _snapshot_count(reply) != 0:
+            return None
+        return Usage((), [])
+
+
+def _snapshot_count(snap_context: bytes) -> int | None:
+    """The number of snapshot ids in an encoded SnapContext (u64 seq, u32 count, u64 ids)."""
+    if len(snap_context) < 12:
+        return None
+    count: int = struct.unpack_from("<I", snap_context, 8)[0]
+    return count
 
 
 def _usage(io: rados.Ioctx, name: str) -> Usage:

@@ -29,6 +29,7 @@ volume's calls answer ABORTED, which a CO retries.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -41,6 +42,12 @@ from cephcsi.errors import Internal, OperationInFlight
 from cephcsi.volumes import failpoints
 
 LOCK_NAME = "cephcsi.journal"
+
+RESERVATION_WINDOW = 1.0
+"""Seconds between sending a name's reservation and holding its new record within which a
+create may trust that nobody released the name meanwhile (`Journal.reserved_within_window`),
+and for which anyone releasing a name that has no record holds that record's lease first
+(`Journal.release_unrecorded`)."""
 
 NAME_FIELD_VOLUME = "csi.volname"
 IMAGE_NAME = "csi.imagename"
@@ -208,6 +215,33 @@ class Journal:
                 "the journal is inconsistent: run `cephcsi audit` before retrying"
             )
         return record
+
+    @staticmethod
+    def reserved_within_window(hold: Hold, reserving: float) -> bool:
+        """Whether a name this process reserved (sending the reservation at monotonic time
+        `reserving`) still points at the uuid whose record `hold` just filled, without reading
+        it again: true when the hold was taken within RESERVATION_WINDOW of the reservation.
+
+        Only a releaser of a name without a record could have taken it meanwhile, and every
+        such releaser (`release_unrecorded`) locks the record first and keeps the lock for
+        RESERVATION_WINDOW before it releases: it sent its lock after it saw our reservation,
+        so any lock of ours that was answered within the window reached the OSD before the
+        release. Ours landed either first (the releaser then finds the record and releases
+        nothing) or while the releaser held the lock (ours then failed: busy). Both are
+        durations on one clock each, so clock skew between machines does not matter."""
+        return hold.claimed is not None and time.monotonic() - reserving < RESERVATION_WINDOW
+
+    def release_unrecorded(self, name: str, uuid: str, hold: Hold) -> None:
+        """Release a name whose record was never written (a create that died between the two),
+        under `locked(uuid)` (`hold`), after checking that the name still points at `uuid` and
+        the record is absent. Holds the lease for RESERVATION_WINDOW first (see
+        `reserved_within_window`), which costs only this rare clean-up a second."""
+        remaining = hold.lease.taken_at + RESERVATION_WINDOW - time.monotonic()
+        if remaining > 0:
+            time.sleep(remaining)
+        hold.ensure_held()
+        self.release_name(name, uuid)
+        self.discard_orphan(uuid)
 
     def discard_orphan(self, uuid: str) -> None:
         """Remove a record that no name points at (under `locked(uuid)`): left by a delete that

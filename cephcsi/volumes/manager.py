@@ -8,6 +8,7 @@ reservation stops two processes from doing so.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -95,6 +96,7 @@ class VolumeManager:
                 # finished while we waited for its lock.
                 for _ in range(2):
                     proposed = VolumeId.new_uuid()
+                    reserving = time.monotonic()
                     uuid = journal.reserve(request.name, proposed)
                     fresh = uuid == proposed
                     if not fresh:
@@ -107,11 +109,13 @@ class VolumeManager:
                     claim = Claim(request.name, f"{params.name_prefix}{uuid}", clones.record_values(request.source))
                     # A uuid this call just reserved has no record yet: the hold writes it.
                     with journal.locked(uuid, claim if fresh else None) as hold:
-                        # Checked again under the lock, fresh uuids too: between the reserve
-                        # and the lock, another process's find() (provisioner clean-up) or an
-                        # audit repair may have taken the record-less name for a dead create's
-                        # and released it. Going on would journal a volume no name points at.
-                        if journal.lookup(request.name) != uuid:
+                        # Between the reserve and the lock, another process's find()
+                        # (provisioner clean-up) or an audit repair may have taken the
+                        # record-less name for a dead create's and released it; going on
+                        # would journal a volume no name points at. A record this call filled
+                        # soon enough after its reservation cannot have lost its name (see
+                        # Journal.reserved_within_window); otherwise the name is read again.
+                        if not journal.reserved_within_window(hold, reserving) and journal.lookup(request.name) != uuid:
                             journal.discard_orphan(uuid)
                             continue
                         record = hold.claimed or journal.claim_record(uuid, claim.name, claim.image_name, claim.extra)
@@ -304,11 +308,16 @@ class VolumeManager:
         """Take the image out of service from whatever state an earlier, killed attempt (ours,
         or librbd's inside one call) left it in; see cephcsi.ceph.imagestate for the states."""
         inspection = imagestate.Inspection(io, record.image_name, record.image_id)
-        # The read-only open that checks a live image for users and snapshots (most of a
-        # delete's own cost) runs while the inspection's reads are in flight; it is only used
-        # once they say the image is live.
-        usage = dependents.probe(io, record.image_name)
+        # Whether a live image has users or snapshots is checked while the inspection's reads
+        # are in flight, and used only once they say the image is live (and, for the header
+        # probe, that its id is the journaled one): by two reads of the header when the id is
+        # journaled, else by a read-only open, which the header probe also falls back to when
+        # the image turns out watched or snapshotted.
+        header_probe = dependents.HeaderProbe(io, record.image_id) if record.image_id else None
+        usage = dependents.probe(io, record.image_name) if header_probe is None else None
         state = inspection.result()
+        if header_probe is not None and state.image_id == header_probe.image_id:
+            usage = header_probe.usage()
         if state.image_id and state.image_id != record.image_id:
             # Journal the id before anything moves the image: once it leaves the directory the
             # id is the only way to find it.
@@ -382,11 +391,10 @@ class VolumeManager:
             return uuid
         if journal.read(uuid) is not None:
             return uuid
-        with journal.locked(uuid):
+        with journal.locked(uuid) as hold:
             if journal.lookup(name) == uuid and journal.read(uuid) is None:
                 log.info("releasing a name whose create never wrote a record", extra=fields(name=name, uuid=uuid))
-                journal.release_name(name, uuid)
-                journal.discard_orphan(uuid)
+                journal.release_unrecorded(name, uuid, hold)
                 return None
         return journal.lookup(name)
 

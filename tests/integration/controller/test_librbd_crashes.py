@@ -74,7 +74,8 @@ def test_delete_finishes_a_trash_move_killed_inside_librbd(controller: DriverPro
     seen: set[tuple[bool, bool]] = set()
     # The kill instant sweeps the call's first 30 ms in 1 ms steps (with jitter) rather than
     # landing at random: one MOVING shape lasts about a millisecond on a fast host, and 80 random
-    # instants could miss it (seen once in a full run).
+    # instants could miss it (seen once in a full run); so could 80 swept ones (4 runs of 10
+    # here: where the shapes fall varies from run to run), hence up to 240 attempts per shape.
     attempt = itertools.count()
 
     def sweep(_vid: str, name: str) -> None:
@@ -87,6 +88,7 @@ def test_delete_finishes_a_trash_move_killed_inside_librbd(controller: DriverPro
             lambda s: _moving(s) and (s.directory, s.id_object) not in seen,
             ceph_cluster,
             lambda vid: _delete(controller, ceph_cluster, vid),
+            attempts=240,
         )
         seen.add((state.directory, state.id_object))
         _delete(controller, ceph_cluster, volume_id)
@@ -295,6 +297,47 @@ def test_create_never_returns_a_volume_whose_name_a_concurrent_find_released(
     again = creator.controller.CreateVolume(request, timeout=60).volume
     assert again.volume_id == volume.volume_id, "a retried create must find the same volume, not make a second"
     _delete(creator, ceph_cluster, volume.volume_id)
+    assert wait_for_pool(ceph_cluster, baseline) == baseline
+
+
+def test_a_create_that_skips_its_name_recheck_never_loses_its_name_to_a_concurrent_find(
+    fresh_driver: Callable[..., DriverProcess], ceph_cluster: CephTestCluster
+) -> None:
+    """The same race inside RESERVATION_WINDOW: a create that takes its record's lease within
+    the window of its reservation does not read its name again (cephcsi.volumes.journal
+    `reserved_within_window`), so a find() that saw the name without a record must not release
+    it under the create. Whichever lands first, the name ends up pointing at the volume the
+    create answered with, and find() never reports a volume other than that one."""
+    baseline = read_pool(ceph_cluster)
+    creator = fresh_driver({"CEPHCSI_FAILPOINTS": "create.after-reserve:pause=0.3"})
+    finder = _manager(creator.config_file)
+    parameters = VolumeParameters.parse(dict(create_request(ceph_cluster).parameters))
+    credentials = Credentials.from_secrets(ceph_cluster.secrets)
+    assert finder.find("warm-up-the-connection", parameters, credentials) is None
+    for _ in range(3):
+        request = create_request(ceph_cluster)
+        results: list[csi_pb2.Volume] = []
+        errors: list[BaseException] = []
+
+        def create() -> None:
+            try:
+                results.append(until_ok(lambda: creator.controller.CreateVolume(request, timeout=60)).volume)
+            except BaseException as error:  # noqa: BLE001 - reported by the test thread
+                errors.append(error)
+
+        thread = threading.Thread(target=create)
+        thread.start()
+        _reserved_uuid(ceph_cluster, request.name)
+        found = until_ok(lambda: finder.find(request.name, parameters, credentials))
+        thread.join(60)
+        assert not errors, errors
+        (volume,) = results
+        assert found in (None, volume.volume_id)
+        uuid, record = journal_entries(ceph_cluster, request.name)
+        assert uuid == VolumeId.decode(volume.volume_id).object_uuid
+        assert record.get("csi.volname") == request.name
+        assert creator.controller.CreateVolume(request, timeout=60).volume.volume_id == volume.volume_id
+        _delete(creator, ceph_cluster, volume.volume_id)
     assert wait_for_pool(ceph_cluster, baseline) == baseline
 
 
