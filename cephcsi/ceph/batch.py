@@ -1,7 +1,8 @@
 """Several independent small RADOS reads in one round trip.
 
 The delete path reads four traces of an image (its id object, its directory entry, its header,
-its trash entry) and the journal record under a fresh lease. Each is one small op of ≈ 0.3 ms,
+its trash entry), whether its header has watchers and snapshots (a notify and a cls_rbd call),
+and the journal record under a fresh lease. Each is one small op of ≈ 0.3 ms,
 almost all of it waiting on the OSD; issued one after the other they add up on every call.
 librados can have them all in flight at once (its aio calls), and python-rados exposes those,
 but only as callbacks and completions: this module wraps them in `Pending` values so callers

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import rados
 import rbd
 
-from cephcsi.ceph import encoding, images
+from cephcsi.ceph import encoding, images, trash
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import CephCSIError, NotFound
@@ -305,6 +305,8 @@ def remove_debris(io: rados.Ioctx, name: str) -> None:
             rbd.RBD().remove(io, name)
         except rbd.ImageNotFound:
             pass
+    # This call's own remove, or an earlier attempt's, may have been killed inside librbd.
+    trash.finish_removal(io, name)
 
 
 def _image_id(io: rados.Ioctx, name: str) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import rados
 import rbd
 
-from cephcsi.ceph import encoding
+from cephcsi.ceph import encoding, imagestate
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.ceph.imagestate import TRASH, ImageState, TrashState
@@ -79,6 +79,29 @@ def _finish_parent_move(io: rados.Ioctx, state: ImageState) -> None:
     log.warning("finishing an interrupted move of a clone parent to the trash",
                 extra=fields(image=state.name, image_id=state.image_id))
     set_state(io, state.image_id, TrashState.NORMAL, expected=TrashState.MOVING)
+
+
+def finish_removal(io: rados.Ioctx, name: str) -> bool:
+    """Finish an `RBD.remove` of image `name` that was killed inside librbd. True if one was.
+
+    librbd removes an image by way of the trash: it moves the image to a REMOVING entry, then
+    deletes it. Killed in between, the image has left the directory and its name is free, so a
+    retry that only looks under the name sees nothing to remove, goes on (a new image under the
+    name, or the journal entry released) and the entry is never looked for again. Callers that
+    removed debris by name, or take a name over from an attempt that may have, call this on
+    that rare path: it reads the whole trash (one omap read). Only REMOVING entries are
+    touched: that state means a removal was already under way, so nothing in it is kept."""
+    leftovers = [entry for entry in imagestate.trash_entries(io)
+                 if entry.name == name and entry.state is TrashState.REMOVING]
+    for entry in leftovers:
+        log.warning("finishing the removal of an image a killed call left in the trash",
+                    extra=fields(image=name, image_id=entry.image_id))
+        with ceph_call("finish an interrupted image removal", f"image {name!r} (id {entry.image_id})"):
+            try:
+                rbd.RBD().trash_remove(io, entry.image_id, force=True)
+            except rbd.ImageNotFound:
+                pass  # finished meanwhile (the mgr, or another retry)
+    return bool(leftovers)
 
 
 def set_state(io: rados.Ioctx, image_id: str, new: TrashState, expected: TrashState) -> None:

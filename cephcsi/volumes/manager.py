@@ -213,6 +213,11 @@ class VolumeManager:
         image yet, so the existence probe is skipped (create still handles a taken name)."""
         params = request.parameters
         info = images.stat(io, name) if maybe_exists and images.lookup_id(io, name) is not None else None
+        if info is None and maybe_exists:
+            # An earlier attempt may have removed its partial image by name and been killed
+            # inside librbd's remove: that leaves a trash entry under the name we are about to
+            # use again, which nothing would look for afterwards.
+            trash.finish_removal(io, name)
         if info is None:
             log.info("creating image", extra=fields(image=name, pool=params.pool, bytes=request.size))
             image_id = images.create(io, name, request.size, params.features, params.data_pool, with_id=False)

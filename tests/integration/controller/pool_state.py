@@ -80,6 +80,8 @@ if op == "create":
     rbd.RBD().create(io, name, 8 << 20, old_format=False, features=1)
 elif op == "trash_move":
     rbd.RBD().trash_move(io, name, 0)
+elif op == "remove":
+    rbd.RBD().remove(io, name)
 elif op == "trash_remove":
     rbd.RBD().trash_remove(io, image_id, force=True)
 print("done", flush=True)

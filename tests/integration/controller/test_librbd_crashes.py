@@ -97,6 +97,45 @@ def test_delete_finishes_a_trash_move_killed_inside_librbd(controller: DriverPro
     assert wait_for_pool(ceph_cluster, baseline, timeout=150) == baseline
 
 
+def test_a_create_that_takes_over_a_name_finishes_a_remove_killed_inside_librbd(
+    controller: DriverProcess, ceph_cluster: CephTestCluster
+) -> None:
+    """An attempt that removed its partial image by name (`images.remove_headerless`,
+    `layering.remove_debris`) with `RBD.remove` and was killed inside it leaves the image in a
+    REMOVING trash entry and its name free. The retried CreateVolume makes a new image under
+    that name; the entry must be finished then, not leaked (found by the random SIGKILL test
+    for the header-less case; this is the shape `RBD.remove` leaves)."""
+    baseline = read_pool(ceph_cluster)
+    requests: dict[str, csi_pb2.CreateVolumeRequest] = {}
+    attempt = itertools.count()
+
+    def make() -> tuple[str, str]:
+        request = create_request(ceph_cluster)
+        volume = controller.controller.CreateVolume(request, timeout=60).volume
+        requests[volume.volume_id] = request
+        return volume.volume_id, image_of(volume.volume_id)
+
+    def sweep(_vid: str, name: str) -> None:
+        kill_inside(ceph_cluster, "remove", name, delay=next(attempt) % 40 * 0.001 + random.uniform(0, 0.001))
+
+    volume_id, state = until_state(
+        make, sweep,
+        lambda s: s.trash is not None and s.trash.state is TrashState.REMOVING and not s.directory,
+        ceph_cluster, lambda vid: _delete(controller, ceph_cluster, vid), attempts=160,
+    )
+    name = image_of(volume_id)
+    # The retry: its name and record are there, its image is not (a killed client's watch on
+    # the trashed image makes the removal busy until the OSD expires it).
+    again = until_ok(lambda: controller.controller.CreateVolume(requests[volume_id], timeout=60), deadline=90,
+                     also=(grpc.StatusCode.FAILED_PRECONDITION,)).volume
+    assert again.volume_id == volume_id
+    with admin_ioctx(ceph_cluster) as io:
+        assert [entry for entry in imagestate.trash_entries(io) if entry.name == name] == []
+    assert name in ceph_cluster.images()
+    _delete(controller, ceph_cluster, volume_id)
+    assert wait_for_pool(ceph_cluster, baseline, timeout=150) == baseline
+
+
 def test_delete_finishes_a_trash_removal_killed_inside_librbd(controller: DriverProcess, ceph_cluster: CephTestCluster) -> None:
     baseline = read_pool(ceph_cluster)
 
@@ -272,25 +311,13 @@ def test_create_never_returns_a_volume_whose_name_a_concurrent_find_released(
     baseline = read_pool(ceph_cluster)
     creator = fresh_driver({"CEPHCSI_FAILPOINTS": "create.after-reserve:pause=2"})
     request = create_request(ceph_cluster)
-    results: list[csi_pb2.Volume] = []
-    errors: list[BaseException] = []
-
-    def create() -> None:
-        try:
-            results.append(until_ok(lambda: creator.controller.CreateVolume(request, timeout=60)).volume)
-        except BaseException as error:  # noqa: BLE001 - reported by the test thread
-            errors.append(error)
-
-    thread = threading.Thread(target=create)
-    thread.start()
+    creating = _Creating(creator, request)
     reserved = _reserved_uuid(ceph_cluster, request.name)
     assert journal_entries(ceph_cluster, request.name)[1] == {}, "the create must still be paused before its record"
     found = until_ok(lambda: _manager(creator.config_file).find(
         request.name, VolumeParameters.parse(dict(request.parameters)), Credentials.from_secrets(ceph_cluster.secrets)))
     assert found is None  # released: to find(), a name without a record is a dead create's
-    thread.join(60)
-    assert not errors, errors
-    (volume,) = results
+    volume = creating.result()
     uuid, record = journal_entries(ceph_cluster, request.name)
     assert uuid == VolumeId.decode(volume.volume_id).object_uuid != reserved
     assert record.get("csi.volname") == request.name
@@ -316,22 +343,10 @@ def test_a_create_that_skips_its_name_recheck_never_loses_its_name_to_a_concurre
     assert finder.find("warm-up-the-connection", parameters, credentials) is None
     for _ in range(3):
         request = create_request(ceph_cluster)
-        results: list[csi_pb2.Volume] = []
-        errors: list[BaseException] = []
-
-        def create() -> None:
-            try:
-                results.append(until_ok(lambda: creator.controller.CreateVolume(request, timeout=60)).volume)
-            except BaseException as error:  # noqa: BLE001 - reported by the test thread
-                errors.append(error)
-
-        thread = threading.Thread(target=create)
-        thread.start()
+        creating = _Creating(creator, request)
         _reserved_uuid(ceph_cluster, request.name)
         found = until_ok(lambda: finder.find(request.name, parameters, credentials))
-        thread.join(60)
-        assert not errors, errors
-        (volume,) = results
+        volume = creating.result()
         assert found in (None, volume.volume_id)
         uuid, record = journal_entries(ceph_cluster, request.name)
         assert uuid == VolumeId.decode(volume.volume_id).object_uuid
@@ -339,6 +354,28 @@ def test_a_create_that_skips_its_name_recheck_never_loses_its_name_to_a_concurre
         assert creator.controller.CreateVolume(request, timeout=60).volume.volume_id == volume.volume_id
         _delete(creator, ceph_cluster, volume.volume_id)
     assert wait_for_pool(ceph_cluster, baseline) == baseline
+
+
+class _Creating:
+    """A CreateVolume retried as a CO does, on a thread of its own; `result()` joins it."""
+
+    def __init__(self, driver: DriverProcess, request: csi_pb2.CreateVolumeRequest) -> None:
+        self._volumes: list[csi_pb2.Volume] = []
+        self._errors: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, args=(driver, request))
+        self._thread.start()
+
+    def _run(self, driver: DriverProcess, request: csi_pb2.CreateVolumeRequest) -> None:
+        try:
+            self._volumes.append(until_ok(lambda: driver.controller.CreateVolume(request, timeout=60)).volume)
+        except BaseException as error:  # noqa: BLE001 - reported by result()
+            self._errors.append(error)
+
+    def result(self) -> csi_pb2.Volume:
+        self._thread.join(60)
+        assert not self._errors, self._errors
+        (volume,) = self._volumes
+        return volume
 
 
 def _reserved_uuid(cluster: CephTestCluster, name: str, timeout: float = 30) -> str:
