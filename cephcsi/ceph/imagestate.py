@@ -35,6 +35,9 @@ DIRECTORY = images.DIRECTORY
 TRASH = "rbd_trash"
 
 
+TRASH_SOURCE_REMOVING = 3
+"""cls_rbd's trash source for an image `RBD.remove` is taking out: librbd's remove moves the
+image to the trash first, then deletes it."""
 TRASH_SOURCE_USER_PARENT = 4
 """cls_rbd's trash source for a parent removed while clones still read through it: librbd
 itself purges it after its last child (rbd_move_parent_to_trash_on_remove)."""
@@ -58,6 +61,13 @@ class TrashEntry:
     @property
     def awaits_children(self) -> bool:
         return self.source == TRASH_SOURCE_USER_PARENT
+
+    @property
+    def moved_by_remove(self) -> bool:
+        """Put in the trash by `RBD.remove` (a parent awaiting its clones, or an image being
+        removed), not by `trash_move`: librbd resumes such a move only while the image is still
+        in the directory."""
+        return self.source in (TRASH_SOURCE_USER_PARENT, TRASH_SOURCE_REMOVING)
 
 
 @dataclass(frozen=True)

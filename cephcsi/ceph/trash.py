@@ -55,29 +55,32 @@ def require_unused(io: rados.Ioctx, name: str, image_id: str = "") -> None:
 def move(io: rados.Ioctx, state: ImageState) -> None:
     """Bring the image to a NORMAL (or REMOVING) trash entry: move it, or finish an
     interrupted move. librbd resumes a MOVING entry when asked to move the same name again,
-    except one case handled here (see `_finish_parent_move`)."""
+    except the case handled here (see `_finish_move`)."""
     if state.trash is not None and state.trash.state is not TrashState.MOVING:
         return
-    if state.trash is not None and state.trash.awaits_children and not state.directory:
-        _finish_parent_move(io, state)
+    if state.trash is not None and state.trash.moved_by_remove and not state.directory:
+        _finish_move(io, state)
         return
     with ceph_call("move image to trash", f"image {state.name!r}"):
         rbd.RBD().trash_move(io, state.name, 0)
 
 
-def _finish_parent_move(io: rados.Ioctx, state: ImageState) -> None:
-    """Complete a parent's move to the trash that `RBD.remove` began and a SIGKILL cut short
-    after the image left the directory.
+def _finish_move(io: rados.Ioctx, state: ImageState) -> None:
+    """Complete a move to the trash that `RBD.remove` began and a SIGKILL cut short after the
+    image left the directory: a clone parent's (source USER_PARENT) or any image's that was
+    being removed (source REMOVING; `images.remove_headerless`, `layering.remove_debris`, or an
+    admin's `rbd rm`).
 
     librbd's move writes the trash entry (MOVING), removes the id object, then the directory
     entry, and only then flips the entry to NORMAL. Asked to move a name that is no longer in
-    the directory, it looks for a MOVING entry of source USER only, so a parent's entry (source
-    USER_PARENT) can be resumed by neither `trash_move` nor `remove` (both answer ENOENT, checked
-    against Ceph 16). The flip is all that is left, and no binding exposes it: this sends
-    cls_rbd's `trash_state_set` (id, new state, expected state) itself. Until the entry is NORMAL
-    librbd will not purge the parent after its last child, and the mgr will not remove it."""
-    log.warning("finishing an interrupted move of a clone parent to the trash",
-                extra=fields(image=state.name, image_id=state.image_id))
+    the directory, it looks for a MOVING entry of source USER only, so these entries can be
+    resumed by neither `trash_move` nor `remove` (both answer ENOENT, checked against Ceph 16:
+    a delete retried forever). The flip is all that is left, and no binding exposes it: this
+    sends cls_rbd's `trash_state_set` (id, new state, expected state) itself. Until the entry is
+    NORMAL librbd will not purge a parent after its last child, and the mgr will not remove
+    the image."""
+    log.warning("finishing an interrupted move to the trash",
+                extra=fields(image=state.name, image_id=state.image_id, source=state.trash.source if state.trash else None))
     set_state(io, state.image_id, TrashState.NORMAL, expected=TrashState.MOVING)
 
 
@@ -89,13 +92,18 @@ def finish_removal(io: rados.Ioctx, name: str) -> bool:
     retry that only looks under the name sees nothing to remove, goes on (a new image under the
     name, or the journal entry released) and the entry is never looked for again. Callers that
     removed debris by name, or take a name over from an attempt that may have, call this on
-    that rare path: it reads the whole trash (one omap read). Only REMOVING entries are
-    touched: that state means a removal was already under way, so nothing in it is kept."""
+    that rare path, under the lease that keeps any other call of ours off the name: it reads
+    the whole trash (one omap read). Only entries a removal already owns are touched (state
+    REMOVING, or a move that `RBD.remove` began: source REMOVING), so nothing in them is kept."""
     leftovers = [entry for entry in imagestate.trash_entries(io)
-                 if entry.name == name and entry.state is TrashState.REMOVING]
+                 if entry.name == name and (entry.state is TrashState.REMOVING
+                                            or entry.source == imagestate.TRASH_SOURCE_REMOVING)]
     for entry in leftovers:
         log.warning("finishing the removal of an image a killed call left in the trash",
-                    extra=fields(image=name, image_id=entry.image_id))
+                    extra=fields(image=name, image_id=entry.image_id, state=entry.state.name))
+        if entry.state is TrashState.MOVING:
+            # librbd removes nothing whose move is unfinished (see `_finish_move`).
+            set_state(io, entry.image_id, TrashState.NORMAL, expected=TrashState.MOVING)
         with ceph_call("finish an interrupted image removal", f"image {name!r} (id {entry.image_id})"):
             try:
                 rbd.RBD().trash_remove(io, entry.image_id, force=True)

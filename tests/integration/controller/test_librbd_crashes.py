@@ -32,6 +32,7 @@ from cephcsi.volumes.volume_id import VolumeId
 from tests.integration.controller.helpers import create_request, image_of, journal_entries, until_ok
 from tests.integration.controller.pool_state import (
     admin_ioctx,
+    image_state,
     kill_inside,
     read_pool,
     until_state,
@@ -133,6 +134,42 @@ def test_a_create_that_takes_over_a_name_finishes_a_remove_killed_inside_librbd(
         assert [entry for entry in imagestate.trash_entries(io) if entry.name == name] == []
     assert name in ceph_cluster.images()
     _delete(controller, ceph_cluster, volume_id)
+    assert wait_for_pool(ceph_cluster, baseline, timeout=150) == baseline
+
+
+def test_delete_finishes_a_remove_killed_while_it_moved_the_image_to_the_trash(
+    controller: DriverProcess, ceph_cluster: CephTestCluster
+) -> None:
+    """`RBD.remove` (used on debris, and by an admin's `rbd rm`) first moves the image to a trash
+    entry of source REMOVING. Killed after the image left the directory but before that entry
+    became NORMAL, neither `trash_move` nor `remove` resumes it (librbd only resumes source
+    USER), and DeleteVolume answered NOT_FOUND on every retry (found by the test above in CI).
+    The shape lasts about a millisecond, so the kill instant is searched for: it lies where the
+    image leaves the directory, between the latest kill that left it there and the earliest
+    that did not."""
+    baseline = read_pool(ceph_cluster)
+    earliest_gone, latest_there = 0.08, 0.0
+
+    def search(_vid: str, name: str) -> None:
+        nonlocal earliest_gone, latest_there
+        delay = random.uniform(latest_there, earliest_gone)
+        kill_inside(ceph_cluster, "remove", name, delay=delay)
+        state = image_state(ceph_cluster, name)
+        if state.directory:
+            latest_there = max(latest_there, delay)
+        elif not _moving(state):
+            earliest_gone = min(earliest_gone, delay)
+        if earliest_gone - latest_there < 0.002:  # timing noise crossed the bounds: widen again
+            latest_there, earliest_gone = max(0.0, latest_there - 0.005), earliest_gone + 0.005
+
+    volume_id, state = until_state(
+        _creator(controller, ceph_cluster), search,
+        lambda s: _moving(s) and not s.directory and s.trash is not None and s.trash.moved_by_remove,
+        ceph_cluster, lambda vid: _delete(controller, ceph_cluster, vid), attempts=120,
+    )
+    _delete(controller, ceph_cluster, volume_id)
+    assert image_of(volume_id) not in ceph_cluster.images()
+    # A killed remove leaves the child's watch on the header until the OSD's watch timeout.
     assert wait_for_pool(ceph_cluster, baseline, timeout=150) == baseline
 
 
