@@ -3,6 +3,8 @@
 One work item is one claim key ("namespace/name"); the work queue hands a key to one worker at
 a time, so everything done for one claim is serialized. The steps of a provisioning:
 
+    0. Unless the informer has PV "pvc-<uid>", read it live: a PV of this claim the cache lacks
+       yet means it is done (only the finalizer may be left to release).
     1. Provisioning event; build the request (class parameters, capacity, capabilities), resolve
        and read the provisioner secret, topology if enabled.
     2. Add the provisioning finalizer to the claim (a patch; skipped when present).
@@ -75,6 +77,8 @@ class ClaimWorker:
             datasource.release_clone_protection(self.ctx, claim)
             storage_class = self.ctx.storage_class(storage_class_name(claim))
             decision = decide(claim, storage_class, self.ctx.volumes.get(pv_name) is not None, self.ctx.driver_name)
+            if decision.action is Action.PROVISION and self._own_pv_exists_live(pv_name, objects.uid(claim)):
+                decision = decide(claim, storage_class, True, self.ctx.driver_name)
             if decision.action is Action.SKIP:
                 log.debug("claim skipped", extra=fields(claim=key, why=decision.reason))
             elif decision.action is Action.RELEASE:
@@ -145,11 +149,23 @@ class ClaimWorker:
         datasource.release_after_clone(ctx, claim)
         return planned.name
 
+    def _own_pv_exists_live(self, pv_name: str, uid: str) -> bool:
+        """Whether the API server already has this claim's PV although the informer has not.
+
+        An update of the claim right after our PV create (the PV controller's annotations, our
+        finalizer removal) can reach the worker before the PV's own watch event. Provisioning
+        again would be harmless (CreateVolume is idempotent and the PV is adopted) but would count
+        and report a second provisioning. A PV of another claim under this name is left to the
+        provisioning path, which reports it.
+        """
+        existing = self.ctx.api.get_pv(pv_name)
+        return existing is not None and _claim_uid(existing) == uid
+
     def _adopt(self, pv_name: str, uid: str) -> None:
         existing = self.ctx.api.get_pv(pv_name)
         if existing is None:
             raise OperationInFlight(f"PersistentVolume {pv_name} exists and vanished again; retry")
-        owner = str((objects.spec(existing).get("claimRef") or {}).get("uid") or "")
+        owner = _claim_uid(existing)
         if owner != uid:
             raise Internal(f"PersistentVolume {pv_name} exists but belongs to claim uid {owner!r}, not {uid!r}")
         log.info("adopted an existing PV (created by an earlier attempt)", extra=fields(pv=pv_name))
@@ -253,6 +269,10 @@ class ClaimWorker:
         # Unconditional: the object we hold may predate our own finalizer patch, and removing an
         # absent finalizer is a no-op patch.
         self.ctx.api.remove_pvc_finalizer(objects.namespace(claim), objects.name(claim), self.finalizer)
+
+
+def _claim_uid(pv: KubeObject) -> str:
+    return str((objects.spec(pv).get("claimRef") or {}).get("uid") or "")
 
 
 class _CannotClean(Exception):

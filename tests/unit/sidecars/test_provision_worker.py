@@ -24,7 +24,7 @@ def test_provision_happy_path_in_order() -> None:
     c = claim("data", "ns", uid="u1")
     w, api, controller, events = worker(c)
     w.process("ns/data")
-    assert api.names() == ["read_secret", "add_pvc_finalizer", "create_pv", "remove_pvc_finalizer"]
+    assert api.names() == ["get_pv", "read_secret", "add_pvc_finalizer", "create_pv", "remove_pvc_finalizer"]
     (request,) = controller.created
     assert request.name == "pvc-u1" and dict(request.secrets) == {"userID": "u", "userKey": FAKE_KEY}
     assert api.pvs["pvc-u1"]["spec"]["claimRef"]["uid"] == "u1"
@@ -36,7 +36,7 @@ def test_a_class_the_cache_has_not_seen_yet_is_read_live() -> None:
     api = FakeApi(secrets=dict(SECRETS), classes={"fast": storage_class()})
     w, api, controller, events = worker(claim("data", "ns", uid="u1"), classes=FakeInformer(), api=api)
     w.process("ns/data")
-    assert api.names()[:2] == ["get_storage_class", "read_secret"]
+    assert api.names()[:3] == ["get_storage_class", "get_pv", "read_secret"]
     assert len(controller.created) == 1
     assert events.reasons() == ["Provisioning", "ProvisioningSucceeded"]
 
@@ -50,14 +50,33 @@ def test_a_class_missing_live_too_fails_the_claim_by_name() -> None:
     assert not controller.created
 
 
-def test_existing_pv_of_this_claim_is_adopted() -> None:
+def test_a_pv_of_this_claim_the_cache_lacks_yet_is_found_live_and_not_provisioned_again() -> None:
+    # A claim update (our finalizer removal) can reach the worker before the PV's watch event.
     c = claim("data", "ns", uid="u1", finalizers=(FINALIZER,))
     api = FakeApi(secrets=SECRETS, pvs={"pvc-u1": {"metadata": {"name": "pvc-u1"}, "spec": {"claimRef": {"uid": "u1"}}}})
     w, api, controller, events = worker(c, api=api)
-    w.process("ns/data")  # the PV is not in the cache yet, so we provision and find it on create
-    assert "add_pvc_finalizer" not in api.names()
-    assert api.names()[-1] == "remove_pvc_finalizer"
-    assert events.reasons()[-1] == "ProvisioningSucceeded"
+    w.process("ns/data")
+    assert api.names() == ["get_pv", "remove_pvc_finalizer"]
+    assert not controller.created and events.reasons() == []
+
+
+def test_a_finished_claim_the_pv_cache_lags_behind_is_skipped_without_counting() -> None:
+    c = claim("data", "ns", uid="u1")
+    api = FakeApi(secrets=SECRETS, pvs={"pvc-u1": {"metadata": {"name": "pvc-u1"}, "spec": {"claimRef": {"uid": "u1"}}}})
+    w, api, controller, events = worker(c, api=api)
+    w.process("ns/data")
+    assert api.names() == ["get_pv"] and not controller.created and events.reasons() == []
+
+
+def test_a_pv_created_by_someone_else_while_create_volume_ran_is_adopted() -> None:
+    c = claim("data", "ns", uid="u1")
+    controller = FakeController()
+    w, api, _, events = worker(c, controller=controller)
+    controller.on_create = lambda: api.pvs.update(
+        {"pvc-u1": {"metadata": {"name": "pvc-u1"}, "spec": {"claimRef": {"uid": "u1"}}}})
+    w.process("ns/data")
+    assert api.names()[-3:] == ["create_pv", "get_pv", "remove_pvc_finalizer"]
+    assert events.reasons() == ["Provisioning", "ProvisioningSucceeded"]
 
 
 def test_pv_of_another_claim_is_an_error() -> None:
