@@ -98,6 +98,7 @@ def _journal_findings(snap: Snapshot) -> list[Finding]:
                                  why_not="the journal cannot say which is right; inspect both names"))
         else:
             found.extend(_dangling_record(snap, record))
+            found.extend(_pending_metadata(snap, record))
     for uuid in sorted(snap.split_named):
         # A record here whose name key is in the pool its csi.journalpool names: judged by its
         # image (here), and only reported.
@@ -124,6 +125,21 @@ def _dangling_record(snap: Snapshot, record: RecordView) -> list[Finding]:
                     f"{record.image_name!r}, which is gone", uuid=record.uuid, name=record.name,
                     image_name=record.image_name, image_id=image_id,
                     fix=None if blocked else Fix.REMOVE_RECORD, why_not=blocked)]
+
+
+def _pending_metadata(snap: Snapshot, record: RecordView) -> list[Finding]:
+    """A live volume whose record still keeps metadata for its image, and no call holds the
+    lease (a create in flight writes it before releasing)."""
+    if not record.pending_metadata or f"{RECORD_PREFIXES[JournalType.VOLUME]}{record.uuid}" in snap.leases_held:
+        return []
+    image_id = image_id_of(snap, record)
+    if not image_is_live(snap, record.image_name, image_id):
+        return []  # nothing to copy it to; a gone image is its own finding
+    keys = ", ".join(key for key, _ in record.pending_metadata)
+    return [Finding(Kind.METADATA_PENDING, record.image_name, f"journal record {record.uuid} keeps metadata "
+                    f"({keys}) that a create killed after answering did not write to the image",
+                    uuid=record.uuid, name=record.name, image_name=record.image_name, image_id=image_id,
+                    fix=Fix.COPY_METADATA)]
 
 
 def _orphan_record(snap: Snapshot, record: RecordView) -> Finding:

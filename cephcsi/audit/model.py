@@ -38,6 +38,9 @@ class Kind(str, enum.Enum):
     """A VolumeSnapshotContent whose snapshot (journal record or image) is gone."""
     SNAPSHOT_WITHOUT_CONTENT = "snapshot-without-content"
     """A journaled, live snapshot that no VolumeSnapshotContent names (maybe made outside Kubernetes)."""
+    METADATA_PENDING = "metadata-pending"
+    """A live volume whose record still keeps owner metadata for its image: the create was
+    killed after answering, before it wrote that metadata (journal.PENDING_METADATA)."""
 
 
 class JournalType(str, enum.Enum):
@@ -60,6 +63,7 @@ class Fix(str, enum.Enum):
     REMOVE_PARTIAL = "remove-partial-create"
     TRASH_ORPHAN = "move-orphan-to-trash"
     REMOVE_TEMP_SNAP = "remove-temporary-snapshot"
+    COPY_METADATA = "copy-pending-metadata"
 
 
 class Outcome(str, enum.Enum):
@@ -83,6 +87,8 @@ class RecordView:
     """ceph-csi's csi.journalpool (16 hex digits): the pool of the name key, when not this one."""
     source_image: str = ""
     """Snapshot records: csi.source, the image of the volume the snapshot was cut from."""
+    pending_metadata: tuple[tuple[str, str], ...] = ()
+    """Volume records: image metadata kept until it is on the image (journal.PENDING_METADATA)."""
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import rbd
 
 from cephcsi.audit.model import Finding, Fix, JournalType, Kind, Outcome, Repair, Snapshot
 from cephcsi.audit.scan import decode_deferment
-from cephcsi.ceph import images, imagestate, layering, omap, trash
+from cephcsi.ceph import image_metadata, images, imagestate, layering, omap, trash
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.ceph.imagestate import ImageState, TrashState
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 # Order of work: debris and trash first, so a record's repair then finds its image gone or queued.
 # Temporary snapshots first, while the entries that name the calls which left them still exist.
 ORDER = (Fix.REMOVE_TEMP_SNAP, Fix.REMOVE_PARTIAL, Fix.FINISH_MOVE, Fix.PURGE, Fix.TRASH_ORPHAN, Fix.REMOVE_RECORD,
-         Fix.RELEASE_KEY)
+         Fix.RELEASE_KEY, Fix.COPY_METADATA)
 
 
 class _Resolved(Exception):
@@ -180,6 +180,19 @@ def _journal(ctx: RepairContext, finding: Finding) -> Journal:
     return journal
 
 
+def _copy_metadata(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
+    journal = _journal(ctx, finding)
+    record = journal.read(finding.uuid)
+    pending = record.pending_metadata() if record is not None else {}
+    if record is None or not pending:
+        raise _Resolved("the record keeps no metadata any more")
+    if not imagestate.inspect(ctx.io, record.image_name, record.image_id).live:
+        raise _Refused(f"its image {record.image_name!r} is not live")
+    image_metadata.ensure(ctx.io, record.image_name, pending)
+    journal.forget_pending_metadata(record)
+    return f"wrote {', '.join(sorted(pending))} to the image's metadata; removed them from the record"
+
+
 def _remove_record(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
     journal = _journal(ctx, finding)
     record = journal.read(finding.uuid)
@@ -270,4 +283,5 @@ ACTIONS: dict[Fix, Callable[[RepairContext, Finding, Hold], str]] = {
     Fix.RELEASE_KEY: _release_key,
     Fix.TRASH_ORPHAN: _trash_orphan,
     Fix.REMOVE_TEMP_SNAP: _remove_temp_snap,
+    Fix.COPY_METADATA: _copy_metadata,
 }

@@ -67,13 +67,16 @@ def read_image_snaps(io: rados.Ioctx, directory: Mapping[str, str], headers: fro
 
 def lease_candidates(volume_records: Mapping[str, RecordView], snap_journal: SnapJournalView,
                      directory: Mapping[str, str], image_snaps: Mapping[str, ImageSnaps]) -> list[str]:
-    """Record objects whose lease decides a snapshot finding: the volumes carrying a temporary
-    snapshot (a cut holds the source's lease) and the snapshots whose image lacks its restore
-    point (a CreateSnapshot holds its own lease to the end)."""
+    """Record objects whose lease decides a finding: the volumes carrying a temporary snapshot
+    (a cut holds the source's lease) or pending metadata (a create holds the lease until it is
+    written), and the snapshots whose image lacks its restore point (a CreateSnapshot holds its
+    own lease to the end)."""
     objects: list[str] = []
     for uuid, record in sorted(volume_records.items()):
         snaps = image_snaps.get(directory.get(record.image_name, ""))
-        if record.name and snaps and any(n.startswith(TEMP_SNAP_PREFIX) for n in snaps.names):
+        if record.name and record.pending_metadata:
+            objects.append(f"{VOLUMES.record_prefix}{uuid}")
+        elif record.name and snaps and any(n.startswith(TEMP_SNAP_PREFIX) for n in snaps.names):
             objects.append(f"{VOLUMES.record_prefix}{uuid}")
     for uuid, record in sorted(snap_journal.records.items()):
         image_id = directory.get(record.image_name, "")

@@ -59,17 +59,29 @@ def ensure(io: rados.Ioctx, name: str, wanted: Mapping[str, str], known_empty: b
     log.info("image metadata set", extra=fields(image=name, keys=sorted(missing)))
 
 
-def set_on_new(io: rados.Ioctx, name: str, wanted: Mapping[str, str]) -> str:
-    """Write `wanted` into the metadata of image `name`, which this caller has just created, and
-    return the image's id (read to address its header): one object read and one class call."""
+def check_settable(wanted: Mapping[str, str]) -> None:
+    """Refuse keys `set_on_header` must not write (before anything is created or answered)."""
     if any(key.startswith(CONFIG_PREFIX) for key in wanted):
         raise Internal(f"metadata keys starting with {CONFIG_PREFIX!r} are librbd configuration; not set by hand")
-    image_id = images.lookup_id(io, name)
-    if not image_id:
-        raise Internal(f"image {name!r} has no id right after it was created; retry")
+
+
+def set_on_header(io: rados.Ioctx, name: str, image_id: str, wanted: Mapping[str, str]) -> None:
+    """Write `wanted` into the metadata of image `name` (id `image_id`) with one class call on
+    its header, for an image nobody can have open yet (see the module's docstring)."""
+    check_settable(wanted)
     with ceph_call("set image metadata", f"image {name!r}"):
         io.execute(f"rbd_header.{image_id}", "rbd", "metadata_set", encoding.string_map(dict(wanted)))
     # Every provisioned claim passes here (deploy/ sets --extra-create-metadata): the call's own
     # INFO lines already name the image, so this one is DEBUG.
     log.debug("image metadata set", extra=fields(image=name, keys=sorted(wanted)))
+
+
+def set_on_new(io: rados.Ioctx, name: str, wanted: Mapping[str, str]) -> str:
+    """Write `wanted` into the metadata of image `name`, which this caller has just created, and
+    return the image's id (read to address its header): one object read and one class call."""
+    check_settable(wanted)
+    image_id = images.lookup_id(io, name)
+    if not image_id:
+        raise Internal(f"image {name!r} has no id right after it was created; retry")
+    set_on_header(io, name, image_id, wanted)
     return image_id

@@ -56,10 +56,10 @@ class Lease:
     values: dict[str, str] | None = None
     """With `hold(read=True)`: the locked object's omap as the lock found it (None: nothing but
     what the lock created)."""
-    on_release: dict[str, str] = field(default_factory=dict)
+    on_release: dict[str, str | None] = field(default_factory=dict)
     """omap values the holder wants written by the op that releases the lease (one round trip
-    for both); dropped if the lease was lost meanwhile."""
-    behind: Callable[[rados.Ioctx], dict[str, str]] | None = None
+    for both; None removes the key); dropped if the lease was lost meanwhile."""
+    behind: Callable[[rados.Ioctx], dict[str, str | None]] | None = None
     """Set by `release_behind`: the release happens after the holder has answered."""
     taken_at: float = 0.0
     """Monotonic time at which the op that took the lease was sent."""
@@ -68,7 +68,7 @@ class Lease:
     the last lock or renewal op that succeeded (counted from the start: the OSD's clock may have
     begun before our reply arrived)."""
 
-    def release_behind(self, values: Callable[[rados.Ioctx], dict[str, str]]) -> None:
+    def release_behind(self, values: Callable[[rados.Ioctx], dict[str, str | None]]) -> None:
         """Release the lease after the holder's call has answered, on a keeper thread, writing
         `values(io)` (more `on_release` values, e.g. read from another object) with the release.
 

@@ -192,13 +192,19 @@ def try_lock_then_read(io: rados.Ioctx, obj: str, name: str, cookie: str, second
     return True, None if raw is None else {key: value.decode() for key, value in raw.items()}
 
 
-def update_and_unlock(io: rados.Ioctx, obj: str, values: Mapping[str, str], name: str, cookie: str) -> bool:
-    """Set `values` and release our lock in one atomic write op. False (and nothing written)
-    when the lock is no longer ours (it expired, maybe taken by another holder, or the object
-    is gone): writing under someone else's lock would be wrong, so the values are dropped."""
+def update_and_unlock(io: rados.Ioctx, obj: str, values: Mapping[str, str | None], name: str, cookie: str) -> bool:
+    """Set `values` (a None value removes its key) and release our lock in one atomic write op.
+    False (and nothing written) when the lock is no longer ours (it expired, maybe taken by
+    another holder, or the object is gone): writing under someone else's lock would be wrong,
+    so the values are dropped."""
+    setting = {key: value for key, value in values.items() if value is not None}
+    removing = tuple(key for key, value in values.items() if value is None)
     with ceph_call("write omap and unlock", f"object {obj!r}"):
         with rados.WriteOpCtx() as op:
-            io.set_omap(op, tuple(values), tuple(v.encode() for v in values.values()))
+            if setting:
+                io.set_omap(op, tuple(setting), tuple(v.encode() for v in setting.values()))
+            if removing:
+                io.remove_omap_keys(op, removing)
             op.execute("lock", "unlock", unlock_request(name, cookie))
             try:
                 io.operate_write_op(op, obj)
@@ -240,6 +246,16 @@ def update(io: rados.Ioctx, obj: str, values: dict[str, str]) -> None:
     with ceph_call("update omap", f"object {obj!r}"):
         with rados.WriteOpCtx() as op:
             io.set_omap(op, tuple(values), tuple(v.encode() for v in values.values()))
+            op.omap_cmp(_NEVER_SET, "", rados.LIBRADOS_CMPXATTR_OP_EQ)  # fail, not create, when gone
+            io.operate_write_op(op, obj)
+
+
+def remove_keys(io: rados.Ioctx, obj: str, keys: tuple[str, ...]) -> None:
+    """Remove keys from an existing object (fails with NotFound if it is gone); absent keys are
+    no error."""
+    with ceph_call("remove omap keys", f"object {obj!r}"):
+        with rados.WriteOpCtx() as op:
+            io.remove_omap_keys(op, keys)
             op.omap_cmp(_NEVER_SET, "", rados.LIBRADOS_CMPXATTR_OP_EQ)  # fail, not create, when gone
             io.operate_write_op(op, obj)
 

@@ -22,21 +22,22 @@ adopts the winner's uuid, so one name never gets two images.
 Create and delete of one volume exclude each other across processes with a cls_lock on the
 record object (`locked`), held from the record to the image id (create) and from the image
 to the record's removal (delete). A create of a new image answers before the last step: the
-image id is journaled, and the lock released, right after (`Hold.journal_image_id_behind`). The lock lives on the record because cls_lock creates the
-object it locks and leaves an xattr behind after unlock: on the record, both go away with it.
+image id is journaled, the image's owner metadata written (kept in the record meanwhile: see
+`PENDING_METADATA`), and the lock released, right after (`Hold.journal_image_id_behind`).
+The lock lives on the record because cls_lock creates the object it locks and leaves an xattr behind after unlock: on the record, both go away with it.
 A lock left by a process that was killed expires after `lock_seconds`; until then the
 volume's calls answer ABORTED, which a CO retries.
 """
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import rados
 
-from cephcsi.ceph import images, omap
+from cephcsi.ceph import image_metadata, images, omap
 from cephcsi.ceph.leases import KEEPER, Fill, Lease
 from cephcsi.errors import Internal, OperationInFlight
 from cephcsi.volumes import failpoints
@@ -55,6 +56,17 @@ IMAGE_ID = "csi.imageid"
 OWNER = "csi.volume.owner"
 SOURCE = "csi.source"
 """For snapshots and clones: the id of the volume/snapshot they come from."""
+PENDING_METADATA = "cephcsi.pending-metadata."
+"""Prefix of record keys holding image metadata (the claim's owner keys) that a new image gets
+after the create has answered (`Hold.journal_image_id_behind`): written with the record, before
+the image exists, and removed by the release that follows the metadata write. A record that
+still has them after its lease is gone belongs to a process killed in between: a retried
+create, or `cephcsi audit --repair`, copies them to the image."""
+
+
+def pending_metadata_values(metadata: Mapping[str, str]) -> dict[str, str]:
+    """The record keys that keep `metadata` until it is on the image."""
+    return {f"{PENDING_METADATA}{key}": value for key, value in metadata.items()}
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,10 @@ class Record:
 
     def get(self, key: str, default: str = "") -> str:
         return dict(self.extra).get(key, default)
+
+    def pending_metadata(self) -> dict[str, str]:
+        """Image metadata this record keeps until it is on the image (`PENDING_METADATA`)."""
+        return {key[len(PENDING_METADATA):]: value for key, value in self.extra if key.startswith(PENDING_METADATA)}
 
 
 @dataclass(frozen=True)
@@ -118,18 +134,36 @@ class Hold:
         delete (cephcsi.ceph.imagestate finds the id before anything moves the image) handle."""
         self.lease.on_release[IMAGE_ID] = image_id
 
-    def journal_image_id_behind(self, image_name: str, known_id: str = "") -> None:
+    def forget_pending_metadata_on_release(self, record: Record) -> None:
+        """Remove the record's pending metadata keys with the release: the caller has put that
+        metadata on the image."""
+        for key in pending_metadata_values(record.pending_metadata()):
+            self.lease.on_release[key] = None
+
+    def journal_image_id_behind(self, image_name: str, known_id: str = "",
+                                metadata: Mapping[str, str] | None = None) -> None:
         """Release the hold after the call has answered, journaling the new image's id (read
         from its `rbd_id` object unless `known_id` says it) with the release: both are
         bookkeeping a retry and every delete can do without (see `set_image_id_on_release`),
-        so up to two round trips leave the create's answer path (`Lease.release_behind`)."""
+        so up to two round trips leave the create's answer path (`Lease.release_behind`).
 
-        def image_id(io: rados.Ioctx) -> dict[str, str]:
+        With `metadata` (which the record keeps under `PENDING_METADATA` keys: the caller
+        checks that), the new image's metadata is written first, and those keys are removed by
+        the release. A kill or an error before that leaves them in the record."""
+
+        def behind(io: rados.Ioctx) -> dict[str, str | None]:
             failpoints.reach("create.release-behind")
             found = known_id or images.lookup_id(io, image_name)
-            return {IMAGE_ID: found} if found else {}
+            values: dict[str, str | None] = {IMAGE_ID: found} if found else {}
+            if metadata:
+                if not found:
+                    raise Internal(f"image {image_name!r} has no id right after it was created")
+                image_metadata.set_on_header(io, image_name, found, metadata)
+                failpoints.reach("create.metadata-behind")
+                values.update(dict.fromkeys(pending_metadata_values(metadata)))
+            return values
 
-        self.lease.release_behind(image_id)
+        self.lease.release_behind(behind)
 
 
 class Journal:
@@ -268,6 +302,13 @@ class Journal:
     def update(self, uuid: str, values: dict[str, str]) -> None:
         """Set extra keys on an existing record (NotFound if it is gone); under `locked(uuid)`."""
         omap.update(self.io, self._record_object(uuid), values)
+
+    def forget_pending_metadata(self, record: Record) -> None:
+        """Remove the record's pending metadata keys (under `locked(uuid)`), once that metadata
+        is on the image."""
+        keys = tuple(pending_metadata_values(record.pending_metadata()))
+        if keys:
+            omap.remove_keys(self.io, self._record_object(record.uuid), keys)
 
     def uuids(self) -> dict[str, str]:
         """Every request name → uuid of this directory (for listings; one omap read)."""

@@ -23,7 +23,7 @@ from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import clones, dependents, failpoints, split_journal
 from cephcsi.volumes.capacity import fits
-from cephcsi.volumes.journal import VOLUMES, Claim, Hold, Journal, Record
+from cephcsi.volumes.journal import VOLUMES, Claim, Hold, Journal, Record, pending_metadata_values
 from cephcsi.volumes.parameters import VolumeParameters
 from cephcsi.volumes.split_journal import JOURNAL_POOL, SplitVolume, parse_name_value
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
@@ -92,6 +92,10 @@ class VolumeManager:
         with self.name_locks.hold(request.name), self.connections.session(cluster, request.credentials) as session:
             with session.ioctx(params.pool) as io:
                 journal = self._journal(io)
+                # The owner keys of a new image are written after the answer; until then the
+                # record keeps them (journal.PENDING_METADATA). Clones get theirs before.
+                pending = pending_metadata_values(request.metadata) if request.source is None else {}
+                image_metadata.check_settable(request.metadata)
                 # Two rounds at most: the first may find the name released by a delete that
                 # finished while we waited for its lock.
                 for _ in range(2):
@@ -106,7 +110,8 @@ class VolumeManager:
                             # there, never as a uuid of this pool (its record is not here).
                             return self._adopt_split(session, io, request, uuid, value)
                     failpoints.reach("create.after-reserve")
-                    claim = Claim(request.name, f"{params.name_prefix}{uuid}", clones.record_values(request.source))
+                    claim = Claim(request.name, f"{params.name_prefix}{uuid}",
+                                  {**clones.record_values(request.source), **pending})
                     # A uuid this call just reserved has no record yet: the hold writes it.
                     with journal.locked(uuid, claim if fresh else None) as hold:
                         # Between the reserve and the lock, another process's find()
@@ -127,23 +132,18 @@ class VolumeManager:
                         else:
                             image_id, size, made = self._ensure_image(io, request, record.image_name, maybe_exists=not fresh)
                         created = made and not image_id
-                        known_id = ""
-                        if created and request.metadata:
-                            # Nobody can have the new image open yet: its owner keys go to its
-                            # header in one class call instead of through an image open.
-                            known_id = image_metadata.set_on_new(io, record.image_name, request.metadata)
+                        if created and request.metadata and record.pending_metadata() == dict(request.metadata):
+                            # A new image, and its owner keys are durable in the record: they go
+                            # to its header after the answer, with its id journaled and the
+                            # lease released (a crash first leaves the keys in the record, for a
+                            # retry or `cephcsi audit --repair`, the id unjournaled, which a retry
+                            # and every delete handle, and the lease to lapse).
+                            hold.journal_image_id_behind(record.image_name, metadata=request.metadata)
                         else:
-                            # A new image has no metadata to read first.
-                            image_metadata.ensure(io, record.image_name, request.metadata, known_empty=made)
-                        if created:
-                            # A new image: its id is journaled (read first unless the metadata
-                            # step did), and the lease released, after the answer (a crash first
-                            # leaves the id unjournaled, which a retry and every delete handle,
-                            # and the lease to lapse).
-                            hold.journal_image_id_behind(record.image_name, known_id)
-                        elif record.image_id != image_id:
-                            # Written with the lease's release, for the same reason.
-                            hold.set_image_id_on_release(image_id)
+                            self._settle_metadata(io, hold, record, request.metadata, made, created)
+                            if record.image_id != image_id and not created:
+                                # Journaled with the lease's release (Hold.set_image_id_on_release).
+                                hold.set_image_id_on_release(image_id)
                         return Volume(
                             volume_id=VolumeId(params.cluster_id, io.get_pool_id(), uuid),
                             size=size,
@@ -151,6 +151,25 @@ class VolumeManager:
                             context=params.volume_context(record.image_name, cluster.rados_namespace),
                         )
                 raise OperationInFlight(f"volume {request.name!r} is being deleted concurrently; retry")
+
+    @staticmethod
+    def _settle_metadata(io: rados.Ioctx, hold: Hold, record: Record, metadata: Mapping[str, str], made: bool,
+                         created: bool) -> None:
+        """Before the answer: the metadata this request asks for, and what an earlier attempt's
+        record still keeps pending, onto the image; the pending keys leave the record with the
+        release. A created image's id is journaled behind the answer."""
+        wanted = {**record.pending_metadata(), **metadata}
+        known_id = ""
+        if created and wanted:
+            # Nobody can have the new image open yet: its keys go to its header in one class
+            # call instead of through an image open.
+            known_id = image_metadata.set_on_new(io, record.image_name, wanted)
+        else:
+            # A new image has no metadata to read first.
+            image_metadata.ensure(io, record.image_name, wanted, known_empty=made)
+        hold.forget_pending_metadata_on_release(record)
+        if created:
+            hold.journal_image_id_behind(record.image_name, known_id)
 
     def _adopt_split(self, session: Session, io: rados.Ioctx, request: CreateRequest, raw: str,
                      value: split_journal.NameValue) -> Volume:

@@ -98,6 +98,23 @@ def test_a_dangling_record_named_by_a_pv_is_not_removed() -> None:
     assert by_kind[Kind.DANGLING_RECORD].fix is None
 
 
+PENDING = (("csi.storage.k8s.io/pvc/name", "data"),)
+
+
+def test_a_live_volume_whose_record_keeps_metadata_is_repaired_by_copying_it() -> None:
+    snap = replace(healthy(), records={U1: RecordView(U1, "pvc-1", IMG1, "id1", pending_metadata=PENDING)})
+    finding = only(snap, Kind.METADATA_PENDING)
+    assert (finding.subject, finding.uuid, finding.fix) == (IMG1, U1, Fix.COPY_METADATA)
+    assert "csi.storage.k8s.io/pvc/name" in finding.detail
+
+
+def test_pending_metadata_is_no_finding_while_a_call_holds_the_lease_or_without_a_live_image() -> None:
+    snap = replace(healthy(), records={U1: RecordView(U1, "pvc-1", IMG1, "id1", pending_metadata=PENDING)})
+    assert classify(replace(snap, leases_held=frozenset({f"csi.volume.{U1}"}))) == []  # the create writes it
+    gone = replace(snap, directory={}, id_objects={}, headers=frozenset())
+    assert kinds(gone) == [Kind.DANGLING_RECORD]  # nothing to copy to; the record's own finding
+
+
 def test_a_key_without_record_dangles() -> None:
     for records in ({}, {U1: RecordView(U1, "")}):  # missing, or only a lock's empty object
         snap = replace(healthy(), records=records, directory={}, id_objects={}, headers=frozenset())

@@ -153,7 +153,7 @@ def test_a_release_behind_runs_after_the_hold_and_a_second_hold_waits_for_it() -
     go = threading.Event()
     seen: list[FakeIoctx] = []
 
-    def values(release_io: rados.Ioctx) -> dict[str, str]:
+    def values(release_io: rados.Ioctx) -> dict[str, str | None]:
         seen.append(release_io)  # type: ignore[arg-type]
         go.wait(5)
         return {}
