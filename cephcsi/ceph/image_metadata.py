@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import rados
 import rbd
 
-from cephcsi.ceph import encoding, images
+from cephcsi.ceph import encoding, images, omap
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import Internal
 from cephcsi.observability.logging import fields
@@ -69,8 +69,10 @@ def set_on_header(io: rados.Ioctx, name: str, image_id: str, wanted: Mapping[str
     """Write `wanted` into the metadata of image `name` (id `image_id`) with one class call on
     its header, for an image nobody can have open yet (see the module's docstring)."""
     check_settable(wanted)
-    with ceph_call("set image metadata", f"image {name!r}"):
-        io.execute(f"rbd_header.{image_id}", "rbd", "metadata_set", encoding.string_map(dict(wanted)))
+    # Only on a header that exists: a write after a purge (the lease lapsed during an outage,
+    # another process deleted the image) must not leave a stray header object.
+    omap.execute_on_existing(io, f"rbd_header.{image_id}", "rbd", "metadata_set", encoding.string_map(dict(wanted)),
+                             "set image metadata", f"image {name!r}")
     # Every provisioned claim passes here (deploy/ sets --extra-create-metadata): the call's own
     # INFO lines already name the image, so this one is DEBUG.
     log.debug("image metadata set", extra=fields(image=name, keys=sorted(wanted)))

@@ -250,6 +250,18 @@ def update(io: rados.Ioctx, obj: str, values: dict[str, str]) -> None:
             io.operate_write_op(op, obj)
 
 
+def execute_on_existing(io: rados.Ioctx, obj: str, cls: str, method: str, data: bytes, operation: str,
+                        subject: str) -> None:
+    """Run a class write method on `obj` only if it exists (NotFound otherwise): a late call
+    on an object removed meanwhile would otherwise create it again, holding only what the
+    method writes. `operation` and `subject` name the call in errors and metrics."""
+    with ceph_call(operation, subject):
+        with rados.WriteOpCtx() as op:
+            op.omap_cmp(_NEVER_SET, "", rados.LIBRADOS_CMPXATTR_OP_EQ)
+            op.execute(cls, method, data)
+            io.operate_write_op(op, obj)
+
+
 def remove_keys(io: rados.Ioctx, obj: str, keys: tuple[str, ...]) -> None:
     """Remove keys from an existing object (fails with NotFound if it is gone); absent keys are
     no error."""

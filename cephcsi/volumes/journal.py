@@ -24,7 +24,8 @@ record object (`locked`), held from the record to the image id (create) and from
 to the record's removal (delete). A create of a new image answers before the last step: the
 image id is journaled, the image's owner metadata written (kept in the record meanwhile: see
 `PENDING_METADATA`), and the lock released, right after (`Hold.journal_image_id_behind`).
-The lock lives on the record because cls_lock creates the object it locks and leaves an xattr behind after unlock: on the record, both go away with it.
+The lock lives on the record because cls_lock creates the object it locks and leaves an xattr
+behind after unlock: on the record, both go away with it.
 A lock left by a process that was killed expires after `lock_seconds`; until then the
 volume's calls answer ABORTED, which a CO retries.
 """

@@ -1,0 +1,50 @@
+"""Owner metadata written straight to a new image's header (cephcsi.ceph.image_metadata
+`set_on_header`) against a real OSD: librbd reads it back as the image's metadata, and a write
+that comes after the image is gone fails instead of creating a stray header object."""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import rados
+import rbd
+
+from cephcsi.ceph import image_metadata
+from cephcsi.errors import NotFound
+from tests.ceph.fixtures import CephTestCluster
+from tests.integration.controller.pool_state import admin_ioctx
+
+pytestmark = [pytest.mark.integration, pytest.mark.ceph]
+
+OWNER = {"csi.storage.k8s.io/pvc/name": "data", "csi.storage.k8s.io/pvc/namespace": "shop"}
+
+
+@pytest.fixture
+def io(ceph_cluster: CephTestCluster) -> Iterator[rados.Ioctx]:
+    with admin_ioctx(ceph_cluster) as ioctx:
+        yield ioctx
+
+
+def test_metadata_written_to_the_header_is_what_librbd_lists(io: rados.Ioctx) -> None:
+    name = f"meta-{uuid.uuid4().hex[:12]}"
+    rbd.RBD().create(io, name, 64 << 20, features=rbd.RBD_FEATURE_LAYERING)
+    try:
+        with rbd.Image(io, name, read_only=True) as opened:
+            image_id = opened.id()
+        image_metadata.set_on_header(io, name, image_id, OWNER)
+        assert image_metadata.read(io, name) == OWNER
+    finally:
+        rbd.RBD().remove(io, name)
+
+
+def test_a_write_after_the_image_is_gone_creates_no_header(io: rados.Ioctx) -> None:
+    name = f"meta-{uuid.uuid4().hex[:12]}"
+    rbd.RBD().create(io, name, 64 << 20, features=rbd.RBD_FEATURE_LAYERING)
+    with rbd.Image(io, name, read_only=True) as opened:
+        image_id = opened.id()
+    rbd.RBD().remove(io, name)
+    with pytest.raises(NotFound):
+        image_metadata.set_on_header(io, name, image_id, OWNER)
+    with pytest.raises(rados.ObjectNotFound):
+        io.stat(f"rbd_header.{image_id}")
