@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import rados
 import rbd
 
-from cephcsi.ceph import images, layering
+from cephcsi.ceph import image_metadata, images, layering
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import AlreadyExists, Internal, InvalidArgument, NotFound, OperationInFlight, OutOfRange
@@ -89,8 +89,10 @@ class Cloner:
         self.instance_id = instance_id
         self.lock_seconds = lock_seconds
 
-    def ensure(self, session: Session, io: rados.Ioctx, request: CreateRequest, record: Record) -> tuple[str, int]:
-        """(image id, size) of the volume's image, cloning it from the request's source first."""
+    def ensure(self, session: Session, io: rados.Ioctx, request: CreateRequest,
+               record: Record) -> tuple[str, int, bool]:
+        """(image id, size, whether the request's metadata was written) of the volume's image,
+        cloning it from the request's source first."""
         source = request.source
         if source is None or record.get(SOURCE_KEY) != source.encode():
             raise AlreadyExists(f"volume {request.name!r} already exists with content source "
@@ -203,11 +205,12 @@ class Cloner:
             pass  # the source is gone; its temporary snapshot went with it
 
     def _finish(self, session: Session, io: rados.Ioctx, request: CreateRequest, name: str, size: int,
-                cloned: int | None = None) -> tuple[str, int]:
+                cloned: int | None = None) -> tuple[str, int, bool]:
         """Grow the clone to `size` (a retry after a crash before the resize does it), apply the
-        flatten policy, and return (image id, size). `cloned`: the size this call just cloned it
-        with; when that is already `size` (the usual restore or clone), nothing needs the image
-        open: its id is one read of `rbd_id.<name>` and its depth is read from the headers."""
+        flatten policy, and return (image id, size, whether the request's metadata was written).
+        `cloned`: the size this call just cloned it with; when that is already `size` (the usual
+        restore or clone), nothing needs the image open: its id is one read of `rbd_id.<name>` and
+        its depth is read from the headers."""
         if cloned is not None and cloned >= size:
             current = cloned
             image_id = images.lookup_id(io, name) or ""
@@ -224,9 +227,15 @@ class Cloner:
                                 f"the requested range [{request.required_bytes}, {request.limit_bytes or 'unbounded'}]")
         if not image_id:
             raise Internal(f"image {name!r} has no id right after it was cloned; retry")
+        written = cloned is not None and bool(request.metadata)
+        if written:
+            # A clone this call made has no metadata and nobody has it open before the flatten
+            # policy may hand it to the mgr: the owner keys go to its header in one class call
+            # (image_metadata.set_on_header) instead of a read-only and a read-write open.
+            image_metadata.set_on_header(io, name, image_id, request.metadata)
         flatten.after_create(session, io, image_id, flatten.Placement(request.parameters.pool, io.get_namespace(), name),
                              self.policy)
-        return image_id, current
+        return image_id, current, written
 
 
 def _size(io: rados.Ioctx, name: str) -> int:

@@ -125,10 +125,10 @@ class VolumeManager:
                             continue
                         record = hold.claimed or journal.claim_record(uuid, claim.name, claim.image_name, claim.extra)
                         failpoints.reach("create.after-record")
-                        made = False
+                        made = written = False
                         hold.ensure_held()
                         if self.cloner is not None and (request.source is not None or clones.has_source(record)):
-                            image_id, size = self.cloner.ensure(session, io, request, record)
+                            image_id, size, written = self.cloner.ensure(session, io, request, record)
                         else:
                             image_id, size, made = self._ensure_image(io, request, record.image_name, maybe_exists=not fresh)
                         created = made and not image_id
@@ -140,7 +140,8 @@ class VolumeManager:
                             # and every delete handle, and the lease to lapse).
                             hold.journal_image_id_behind(record.image_name, metadata=request.metadata)
                         else:
-                            self._settle_metadata(io, hold, record, request.metadata, made, created)
+                            self._settle_metadata(io, hold, record, {} if written else request.metadata, made,
+                                                  created)
                             if record.image_id != image_id and not created:
                                 # Journaled with the lease's release (Hold.set_image_id_on_release).
                                 hold.set_image_id_on_release(image_id)

@@ -19,6 +19,7 @@ from cephcsi.ceph import omap
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.audit.seed import admin_namespace, run_audit, write_config
 from tests.integration.controller.helpers import Mode, create_request, image_of, journal_entries, mount_cap, until_ok
+from tests.integration.controller.snapshot_helpers import delete_all, from_snapshot, from_volume, snapshot_request
 from tests.integration.driver import DriverProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
@@ -139,3 +140,22 @@ def test_owner_keys_a_kill_kept_from_the_image_are_written_by_the_retry_or_the_a
         finally:
             creator.cleanup()
             healthy.cleanup()
+
+
+def test_restores_and_clones_get_their_owner_keys_and_retries_rewrite_nothing(
+        driver: DriverProcess, ceph_cluster: CephTestCluster) -> None:
+    c = driver.controller
+    source = c.CreateVolume(create_request(ceph_cluster), timeout=60).volume
+    snapshot = c.CreateSnapshot(snapshot_request(ceph_cluster, source.volume_id), timeout=60).snapshot
+    made = []
+    for kind, request in (("restore", from_snapshot(ceph_cluster, snapshot.snapshot_id)),
+                          ("clone", from_volume(ceph_cluster, source.volume_id, size=16 << 20))):  # grown too
+        owner = {**OWNER, "csi.storage.k8s.io/pvc/name": kind, "csi.storage.k8s.io/pv/name": request.name}
+        request.parameters.update(owner)
+        volume = c.CreateVolume(request, timeout=60).volume
+        made.append(volume.volume_id)
+        assert image_meta(ceph_cluster, image_of(volume.volume_id)) == owner, kind
+        assert pending_in(journal_entries(ceph_cluster, request.name)[1]) == {}, "clones keep nothing pending"
+        assert c.CreateVolume(request, timeout=60).volume.volume_id == volume.volume_id
+        assert image_meta(ceph_cluster, image_of(volume.volume_id)) == owner, kind
+    delete_all(driver, ceph_cluster, [snapshot.snapshot_id], [*made, source.volume_id])
