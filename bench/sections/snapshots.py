@@ -7,7 +7,9 @@ Baselines (bench/snapraw.py; each includes the image opens it needs, as the driv
                    clone, restore point: the Ceph steps of the mapping both drivers use, without
                    the journal, leases or checks (the fair floor: less would be another mapping,
                    which the mapping table prices separately);
-  restore        ↔ one clone v2 of the restore point (the least any layered restore does);
+  restore        ↔ one clone v2 of the restore point (the least any layered restore does); the
+                   row "restore, owner keys" is the embedded provisioner's request under deploy/'s
+                   --extra-create-metadata (the claim's keys, written to the new image), same floor;
   clone          ↔ open the source, temporary snapshot, clone v2, snapshot removed (a clone
                    needs a snapshot to clone from; removing it keeps the source's snapshot list
                    at one per live clone);
@@ -40,6 +42,7 @@ from bench.sections.base import Section
 from bench.snapraw import OPTION_LABELS, OPTIONS, TWO_GIB, RawSnapshots, delete_source, is_clone_v1, timed
 from bench.stats import Spread, percentile, ratio_spread
 from cephcsi._generated import csi_pb2
+from cephcsi.volumes.metadata import PV_NAME_KEY, PVC_NAME_KEY, PVC_NAMESPACE_KEY
 
 log = logging.getLogger("bench")
 
@@ -52,8 +55,11 @@ CALLS_PER_ROUND = 4
 """Calls of each kind per side and round (1 with --quick): 5 rounds give 20 samples a row."""
 OP_COUNT_CALLS = 3
 LABELS = ("empty 1 GiB", "written 1 GiB")
+OWNED_RESTORE = "restore, owner keys"
+"""A restore as the embedded provisioner requests it under deploy/'s --extra-create-metadata: with
+the claim's owner keys, which the driver writes to the new image; its floor is the same clone."""
 CALLS = (("CreateSnapshot", "snapshot image (a)"), ("restore", "clone v2 of the restore point"),
-         ("clone", "snap + clone v2 + snap remove"))
+         (OWNED_RESTORE, "clone v2 of the restore point"), ("clone", "snap + clone v2 + snap remove"))
 EXPAND = ("ControllerExpandVolume 1→2 GiB", "open + Image.resize")
 Mode = csi_pb2.VolumeCapability.AccessMode
 Rounds = list[dict[str, dict[str, list[float]]]]
@@ -68,12 +74,17 @@ class Driver:
         self.snapshots: list[str] = []
         self.volumes: list[str] = []
 
-    def create(self, source: csi_pb2.VolumeContentSource | None = None, keep: bool = False) -> str:
+    def create(self, source: csi_pb2.VolumeContentSource | None = None, keep: bool = False,
+               owner_keys: bool = False) -> str:
+        name = f"bench-snap-{uuid.uuid4()}"
+        parameters = dict(self.parameters)
+        if owner_keys:
+            parameters.update({PVC_NAME_KEY: name, PVC_NAMESPACE_KEY: "bench", PV_NAME_KEY: name})
         request = csi_pb2.CreateVolumeRequest(
-            name=f"bench-snap-{uuid.uuid4()}", capacity_range=csi_pb2.CapacityRange(required_bytes=SOURCE_BYTES),
+            name=name, capacity_range=csi_pb2.CapacityRange(required_bytes=SOURCE_BYTES),
             volume_capabilities=[csi_pb2.VolumeCapability(mount=csi_pb2.VolumeCapability.MountVolume(),
                                                           access_mode=Mode(mode=Mode.SINGLE_NODE_WRITER))],
-            parameters=self.parameters, secrets=self.secrets)
+            parameters=parameters, secrets=self.secrets)
         if source is not None:
             request.volume_content_source.CopyFrom(source)
         volume_id = str(self.stub.CreateVolume(request, timeout=RPC_TIMEOUT_S).volume.volume_id)
@@ -88,9 +99,9 @@ class Driver:
         self.snapshots.append(snapshot_id)
         return snapshot_id
 
-    def restore(self, snapshot_id: str) -> str:
+    def restore(self, snapshot_id: str, owner_keys: bool = False) -> str:
         return self.create(csi_pb2.VolumeContentSource(
-            snapshot=csi_pb2.VolumeContentSource.SnapshotSource(snapshot_id=snapshot_id)))
+            snapshot=csi_pb2.VolumeContentSource.SnapshotSource(snapshot_id=snapshot_id)), owner_keys=owner_keys)
 
     def clone(self, volume_id: str) -> str:
         return self.create(csi_pb2.VolumeContentSource(volume=csi_pb2.VolumeContentSource.VolumeSource(volume_id=volume_id)))
@@ -146,6 +157,7 @@ def _driver_side(driver: Driver, sources: dict[str, Sources], n: int) -> dict[st
             ids: list[str] = []
             out.setdefault(f"CreateSnapshot|{label}", []).append(timed(lambda: ids.append(driver.snapshot(src.volume_id))))
             out.setdefault(f"restore|{label}", []).append(timed(lambda: driver.restore(ids[-1])))
+            out.setdefault(f"{OWNED_RESTORE}|{label}", []).append(timed(lambda: driver.restore(ids[-1], owner_keys=True)))
             out.setdefault(f"clone|{label}", []).append(timed(lambda: driver.clone(src.volume_id)))
     for _ in range(n):
         volume_id = driver.create()
@@ -166,6 +178,8 @@ def _raw_side(snaps: RawSnapshots, sources: dict[str, Sources], n: int) -> dict[
         name = raw.create(raw.new_name())
         snaps.made.children.append(name)
         out.setdefault("expand", []).append(timed(lambda: snaps.resize(name)))
+    for label in sources:
+        out[f"{OWNED_RESTORE}|{label}"] = out[f"restore|{label}"]  # the same floor: one clone
     return out
 
 
@@ -258,9 +272,11 @@ def count_ops(env: Environment, driver: Driver, snaps: RawSnapshots, sources: di
         ids: list[str] = []
         counts[f"driver|CreateSnapshot|{label}"] = _count(cluster, lambda: ids.append(driver.snapshot(src.volume_id)), k)
         counts[f"driver|restore|{label}"] = _count(cluster, lambda: driver.restore(ids[-1]), k)
+        counts[f"driver|{OWNED_RESTORE}|{label}"] = _count(cluster, lambda: driver.restore(ids[-1], owner_keys=True), k)
         counts[f"driver|clone|{label}"] = _count(cluster, lambda: driver.clone(src.volume_id), k)
         counts[f"raw|CreateSnapshot|{label}"] = _count(cluster, lambda: made.append(snaps.snapshot_image(src.raw_name)), k)
         counts[f"raw|restore|{label}"] = _count(cluster, lambda: snaps.restore(made[-1]), k)
+        counts[f"raw|{OWNED_RESTORE}|{label}"] = counts[f"raw|restore|{label}"]
         counts[f"raw|clone|{label}"] = _count(cluster, lambda: snaps.clone_volume(src.raw_name), k)
         for option in ("b", "c"):
             taken: list[str] = []
