@@ -73,19 +73,28 @@ def test_delete_finishes_a_trash_move_killed_inside_librbd(controller: DriverPro
     removed the journal anyway and leaked them."""
     baseline = read_pool(ceph_cluster)
     seen: set[tuple[bool, bool]] = set()
-    # The kill instant sweeps the call's first 30 ms in 1 ms steps (with jitter) rather than
-    # landing at random: one MOVING shape lasts about a millisecond on a fast host, and 80 random
-    # instants could miss it (seen once in a full run); so could 80 swept ones (4 runs of 10
-    # here: where the shapes fall varies from run to run), hence up to 240 attempts per shape.
-    attempt = itertools.count()
+    # Each MOVING shape lasts about a millisecond, and where it falls in the call moves from run
+    # to run and with the machine's load: a fixed sweep of the first 30 ms missed it in CI (once
+    # with 80 and once with 240 attempts). So the kill instant is searched for: the shapes lie
+    # between the latest kill that left the image untouched and the earliest that left the move
+    # finished, and each attempt narrows that window.
+    window = [0.0, 0.08]
 
-    def sweep(_vid: str, name: str) -> None:
-        kill_inside(ceph_cluster, "trash_move", name, delay=next(attempt) % 30 * 0.001 + random.uniform(0, 0.001))
+    def search(_vid: str, name: str) -> None:
+        delay = random.uniform(window[0], window[1])
+        kill_inside(ceph_cluster, "trash_move", name, delay=delay)
+        state = image_state(ceph_cluster, name)
+        if state.trash is None:
+            window[0] = max(window[0], delay)
+        elif not _moving(state):
+            window[1] = min(window[1], delay)
+        if window[1] - window[0] < 0.002:  # timing noise crossed the bounds: widen again
+            window[0], window[1] = max(0.0, window[0] - 0.005), window[1] + 0.005
 
     for _ in range(2):  # two MOVING shapes at least (with/without the directory entry)
         volume_id, state = until_state(
             _creator(controller, ceph_cluster),
-            sweep,
+            search,
             lambda s: _moving(s) and (s.directory, s.id_object) not in seen,
             ceph_cluster,
             lambda vid: _delete(controller, ceph_cluster, vid),
