@@ -19,6 +19,7 @@ from cephcsi.ceph import omap
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.audit.seed import admin_namespace, run_audit, write_config
 from tests.integration.controller.helpers import Mode, create_request, image_of, journal_entries, mount_cap, until_ok
+from tests.integration.controller.pool_state import read_pool, wait_for_pool
 from tests.integration.controller.snapshot_helpers import delete_all, from_snapshot, from_volume, snapshot_request
 from tests.integration.driver import DriverProcess
 
@@ -144,6 +145,7 @@ def test_owner_keys_a_kill_kept_from_the_image_are_written_by_the_retry_or_the_a
 
 def test_restores_and_clones_get_their_owner_keys_and_retries_rewrite_nothing(
         driver: DriverProcess, ceph_cluster: CephTestCluster) -> None:
+    baseline = read_pool(ceph_cluster)
     c = driver.controller
     source = c.CreateVolume(create_request(ceph_cluster), timeout=60).volume
     snapshot = c.CreateSnapshot(snapshot_request(ceph_cluster, source.volume_id), timeout=60).snapshot
@@ -159,3 +161,6 @@ def test_restores_and_clones_get_their_owner_keys_and_retries_rewrite_nothing(
         assert c.CreateVolume(request, timeout=60).volume.volume_id == volume.volume_id
         assert image_meta(ceph_cluster, image_of(volume.volume_id)) == owner, kind
     delete_all(driver, ceph_cluster, [snapshot.snapshot_id], [*made, source.volume_id])
+    # Parents wait in the trash for their clones' purges: the pool is left as found before the
+    # next test takes its own baseline.
+    assert wait_for_pool(ceph_cluster, baseline, timeout=150) == baseline
