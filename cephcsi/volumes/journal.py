@@ -32,7 +32,7 @@ volume's calls answer ABORTED, which a CO retries.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -70,6 +70,11 @@ def pending_metadata_values(metadata: Mapping[str, str]) -> dict[str, str]:
     return {f"{PENDING_METADATA}{key}": value for key, value in metadata.items()}
 
 
+def pending_metadata_in(values: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The image metadata a record's (key, value) pairs keep pending (`PENDING_METADATA`)."""
+    return {key[len(PENDING_METADATA):]: value for key, value in values if key.startswith(PENDING_METADATA)}
+
+
 @dataclass(frozen=True)
 class JournalKind:
     directory_prefix: str
@@ -98,7 +103,7 @@ class Record:
 
     def pending_metadata(self) -> dict[str, str]:
         """Image metadata this record keeps until it is on the image (`PENDING_METADATA`)."""
-        return {key[len(PENDING_METADATA):]: value for key, value in self.extra if key.startswith(PENDING_METADATA)}
+        return pending_metadata_in(self.extra)
 
 
 @dataclass(frozen=True)
