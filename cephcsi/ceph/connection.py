@@ -73,6 +73,13 @@ def open_rados(cluster: ClusterConfig, credentials: Credentials, settings: CephS
     return handle
 
 
+
+def _instance_id(handle: rados.Rados) -> int | None:
+    try:
+        return int(handle.get_instance_id())
+    except rados.Error:
+        return None  # only for the log line
+
 @dataclass(eq=False)
 class _Attempt:
     """One connect in flight. Callers arriving meanwhile wait for its outcome instead of
@@ -195,7 +202,9 @@ class Connection:
         extra = fields(cluster=self.cluster.cluster_id, user=self.credentials.user_id,
                        ms=round((now - attempt.started) * 1000, 1))
         if handle is not None:
-            log.info("connected to Ceph", extra=extra)
+            # The client's global id is how Ceph names it in watcher lists and blocklists
+            # ("client.<id>"): with it an operator can tell which driver process holds an image.
+            log.info("connected to Ceph", extra={**extra, **fields(client_id=_instance_id(handle))})
         else:
             log.warning("cannot connect to Ceph", extra={**extra, **fields(
                 error=str(attempt.error), retry_after=self.settings.failure_memory_seconds)})

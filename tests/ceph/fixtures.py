@@ -145,4 +145,5 @@ def ceph_cluster() -> Iterator[CephTestCluster]:
         yield cluster
     finally:
         stop_cluster(directory)
-        shutil.rmtree(directory, ignore_errors=True)
+        if not os.environ.get("CEPHCSI_TEST_KEEP_CEPH"):  # kept for a post-mortem of its daemons' logs
+            shutil.rmtree(directory, ignore_errors=True)

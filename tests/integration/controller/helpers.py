@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TypeVar
 
 import grpc
@@ -10,6 +10,7 @@ import grpc
 from cephcsi._generated import csi_pb2
 from cephcsi.volumes.volume_id import VolumeId
 from tests.ceph.fixtures import CephTestCluster
+from tests.integration.controller.pool_state import describe_trash
 
 MiB = 1 << 20
 T = TypeVar("T")
@@ -46,11 +47,16 @@ def journal_entries(cluster: CephTestCluster, name: str) -> tuple[str | None, di
     return uuid_value, record
 
 
-def wait_for_empty_trash(cluster: CephTestCluster, timeout: float = 30) -> list[dict[str, str]]:
+def wait_for_empty_trash(cluster: CephTestCluster, images: Collection[str], timeout: float = 30) -> list[dict[str, str]]:
+    """The trash entries of `images` (names) still there once they are gone or `timeout` passed.
+    Only the test's own images: another test's residue is that test's failure, not this one's."""
     deadline = time.monotonic() + timeout
     while True:
-        trash = cluster.trash()
-        if not trash or time.monotonic() > deadline:
+        trash = [entry for entry in cluster.trash() if entry.get("name") in images]
+        if not trash:
+            return trash
+        if time.monotonic() > deadline:
+            print(describe_trash(cluster), flush=True)
             return trash
         time.sleep(0.3)
 

@@ -93,7 +93,7 @@ def test_delete_removes_everything_and_is_idempotent(driver: DriverProcess, ceph
     assert image not in ceph_cluster.images()
     assert journal_entries(ceph_cluster, request.name) == (None, {})
     assert f"csi.volume.{uuid_value}" not in ceph_cluster.objects()
-    assert wait_for_empty_trash(ceph_cluster) == []
+    assert wait_for_empty_trash(ceph_cluster, {image}) == []
 
 
 @pytest.mark.parametrize("volume_id", ["fake-vol-id-abc", "0001-0009-not-there-0000000000000001-8f0da8c2-ec58-4d67-9cf6-8ab296c1115d"])

@@ -83,7 +83,7 @@ def test_delete_killed_at_each_step_is_finished_by_the_retry(
     assert image_of(volume.volume_id) not in ceph_cluster.images()
     assert journal_entries(ceph_cluster, request.name) == (None, {})
     assert f"csi.volume.{uuid_value}" not in ceph_cluster.objects()
-    assert wait_for_empty_trash(ceph_cluster) == [], "a trashed image was leaked"
+    assert wait_for_empty_trash(ceph_cluster, {image_of(volume.volume_id)}) == [], "a trashed image was leaked"
 
 
 def test_claim_deleted_after_a_create_died_unjournaled_and_a_delete_died_after_the_trash_move(
@@ -119,7 +119,7 @@ def test_claim_deleted_after_a_create_died_unjournaled_and_a_delete_died_after_t
     assert set(ceph_cluster.images()) == before
     assert journal_entries(ceph_cluster, request.name) == (None, {})
     assert f"csi.volume.{uuid_value}" not in ceph_cluster.objects()
-    assert wait_for_empty_trash(ceph_cluster, timeout=150) == [], "a trashed image was leaked"
+    assert wait_for_empty_trash(ceph_cluster, {image}, timeout=150) == [], "a trashed image was leaked"
 
 
 def test_unresponsive_cluster_gives_bounded_errors_then_recovers(

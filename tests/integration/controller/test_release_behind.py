@@ -95,7 +95,7 @@ def test_a_kill_before_the_release_is_repaired_by_the_retry(
         csi_pb2.DeleteVolumeRequest(volume_id=volume.volume_id, secrets=ceph_cluster.secrets), timeout=60)
     assert set(ceph_cluster.images()) == before
     assert journal_entries(ceph_cluster, request.name) == (None, {})
-    assert wait_for_empty_trash(ceph_cluster) == []
+    assert wait_for_empty_trash(ceph_cluster, {image_of(volume.volume_id)}) == []
 
 
 def test_a_graceful_stop_finishes_the_release(

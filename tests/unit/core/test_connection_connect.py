@@ -64,6 +64,9 @@ class FakeHandle:
     def shutdown(self) -> None:
         self.shut = True
 
+    def get_instance_id(self) -> int:
+        return 4100
+
 
 class FakeClock:
     def __init__(self) -> None:
