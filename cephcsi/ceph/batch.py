@@ -44,18 +44,15 @@ class Pending(Generic[T]):
     where: str
     completion: rados.Completion | None = None
     decode: Callable[[], T] | None = None
-    missing: T | None = None
-    """The value when the object does not exist (ENOENT)."""
-    tolerated: dict[int, T] = field(default_factory=dict)
-    """Other negative return values that are answers, not errors, and the value each means."""
+    answers: dict[int, T | None] = field(default_factory=lambda: {-errno.ENOENT: None})
+    """Negative return values that are answers, not errors, and the value each means; by
+    default a missing object (ENOENT) answers None."""
     _value: Any = None
     _error: int = 0
 
     def result(self) -> T:
-        if self._error == -errno.ENOENT:
-            return self.missing  # type: ignore[return-value]
-        if self._error in self.tolerated:
-            return self.tolerated[self._error]
+        if self._error in self.answers:
+            return self.answers[self._error]  # type: ignore[return-value]
         if self._error < 0:
             with ceph_call(self.what, self.where):
                 raise rados.OSError(f"{self.what} failed", errno=-self._error)
@@ -112,7 +109,7 @@ class Batch:
 
     def stat(self, obj: str) -> Pending[bool]:
         """Whether the object exists."""
-        pending: Pending[bool] = Pending("stat object", f"object {obj!r}", missing=False)
+        pending: Pending[bool] = Pending("stat object", f"object {obj!r}", answers={-errno.ENOENT: False})
         pending.decode = lambda: True
         with ceph_call(pending.what, pending.where):
             pending.completion = self.io.aio_stat(obj, lambda *_: None)
@@ -142,7 +139,8 @@ class Batch:
         there is none: one round trip where librbd's `watchers_list` needs an image open. A
         watcher that does not answer within `timeout_ms` (a killed client whose watch has not
         expired yet) makes the notify fail with ETIMEDOUT, which also means "watched"."""
-        pending: Pending[bool | None] = Pending("notify watchers", f"object {obj!r}", tolerated={-errno.ETIMEDOUT: False})
+        pending: Pending[bool | None] = Pending("notify watchers", f"object {obj!r}",
+                                             answers={-errno.ENOENT: None, -errno.ETIMEDOUT: False})
         box: list[bool] = []
 
         def done(_: rados.Completion, ret: int, acks: list[Any] | None, timeouts: list[Any] | None) -> None:
