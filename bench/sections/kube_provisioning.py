@@ -359,7 +359,9 @@ def _footprint_table(env: Environment, m: Measured, n: int, data: dict[str, Any]
     footprint.add(" + ".join(go_sum["measured"]) + " (Go, at rest)", str(len(go_sum["measured"])),
                   report.mib(go_sum["rss_bytes"]), report.mib(go_sum["hwm_bytes"]), "section 3b, this run")
     footprint.add("+ driver alone (cephcsi --sidecars=none)", "1", report.mib(driver["rss_bytes"]),
-                  report.mib(driver["hwm_bytes"]), "section 3b: after section 1's 600 RPCs")
+                  report.mib(driver["hwm_bytes"]),
+                  "section 3b: after section 1's batches" if "after the create/delete batches (idle)" in env.controller_samples
+                  else "section 3b: idle, section 1 did not run (no batches)")
     footprint.add("= Go sidecars + driver", str(len(go_sum["measured"]) + 1), report.mib(total_rss),
                   report.mib(total_hwm), "")
     warm = env.controller_samples.get("after warm-up (connected, idle)")

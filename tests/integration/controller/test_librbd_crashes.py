@@ -157,8 +157,9 @@ def _only_a_foreign_watch_holds_the_purge(cluster: CephTestCluster, driver: Driv
                                           baseline: PoolState, name: str) -> None:
     """Accept one residue the driver is not the cause of: its deleted image in a NORMAL trash
     entry, queued with the mgr, whose purge fails EBUSY because some *other* Ceph client still
-    watches the image (seen twice in full runs, the watcher a client that connected after the
-    driver and outlived the 150 s wait; not the driver's, whose client ids its log names). The
+    watches the image. Seen in one CI run and in one of five runs of the controller tests here:
+    the watcher was a client that connected after the driver and outlived the 150 s wait, not
+    one of the driver's (whose client ids its log names); which process it was is not known. The
     driver did its part: image in the trash, purge queued; the mgr retries until the watch ends,
     and later tests' pool checks tolerate the entry's late purge. Anything else fails."""
     entries = [t for t in trashed_images(cluster) if (t.name, t.state) in after.trash - baseline.trash]
