@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -10,13 +11,25 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from weakref import WeakSet
 
 import grpc
 
 from cephcsi._generated import csi_pb2, csi_pb2_grpc
 
 
-@dataclass
+_CLIENT_ID = re.compile(r"client_id[\"=: ]+(\d+)")
+_GONE_CLIENT_IDS: set[int] = set()
+_LIVE: WeakSet[DriverProcess] = WeakSet()
+
+
+def driver_client_ids() -> set[int]:
+    """Every Ceph client id a driver process of this test session logged at connect (its own
+    and those of drivers already cleaned up): to tell the driver's watches from anyone else's."""
+    return _GONE_CLIENT_IDS | {found for driver in list(_LIVE) for found in driver.client_ids()}
+
+
+@dataclass(eq=False)
 class DriverProcess:
     """One cephcsi process; `args` are extra flags. Logs go to `log_path`."""
 
@@ -27,6 +40,7 @@ class DriverProcess:
     workdir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="csi-", dir="/tmp"))
 
     def __post_init__(self) -> None:
+        _LIVE.add(self)
         self.socket = os.path.join(self.workdir, "csi.sock")
         self.log_path = os.path.join(self.workdir, "driver.log")
         self.process: subprocess.Popen[bytes] | None = None
@@ -70,6 +84,10 @@ class DriverProcess:
                 return handle.read()
         except FileNotFoundError:
             return ""
+
+    def client_ids(self) -> set[int]:
+        """The Ceph client ids this process logged when it connected ("client.<id>" to Ceph)."""
+        return {int(found) for found in _CLIENT_ID.findall(self.log())}
 
     @property
     def channel(self) -> grpc.Channel:
@@ -124,6 +142,7 @@ class DriverProcess:
             mounted = [line.split()[4] for line in handle if line.split()[4].startswith(prefix)]
         if mounted:
             raise RuntimeError(f"not removing {self.workdir}: still mounted: {mounted}")
+        _GONE_CLIENT_IDS.update(self.client_ids())  # its log goes with the work dir
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def restart(self) -> DriverProcess:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import re
 import threading
 import time
 import uuid
@@ -32,14 +31,10 @@ from cephcsi.volumes.parameters import VolumeParameters
 from cephcsi.volumes.volume_id import VolumeId
 from tests.integration.controller.helpers import create_request, image_of, journal_entries, until_ok
 from tests.integration.controller.pool_state import (
-    PoolState,
     admin_ioctx,
-    describe_trash,
     image_state,
     kill_inside,
-    queued_purges,
     read_pool,
-    trashed_images,
     until_state,
     wait_for_pool,
 )
@@ -148,32 +143,7 @@ def test_a_create_that_takes_over_a_name_finishes_a_remove_killed_inside_librbd(
         assert [entry for entry in imagestate.trash_entries(io) if entry.name == name] == []
     assert name in ceph_cluster.images()
     _delete(controller, ceph_cluster, volume_id)
-    after = wait_for_pool(ceph_cluster, baseline, timeout=150)
-    if after != baseline:
-        _only_a_foreign_watch_holds_the_purge(ceph_cluster, controller, after, baseline, name)
-
-
-def _only_a_foreign_watch_holds_the_purge(cluster: CephTestCluster, driver: DriverProcess, after: PoolState,
-                                          baseline: PoolState, name: str) -> None:
-    """Accept one residue the driver is not the cause of: its deleted image in a NORMAL trash
-    entry, queued with the mgr, whose purge fails EBUSY because some *other* Ceph client still
-    watches the image. Seen in one CI run and in one of five runs of the controller tests here:
-    the watcher was a client that connected after the driver and outlived the 150 s wait, not
-    one of the driver's (whose client ids its log names); which process it was is not known. The
-    driver did its part: image in the trash, purge queued; the mgr retries until the watch ends,
-    and later tests' pool checks tolerate the entry's late purge. Anything else fails."""
-    entries = [t for t in trashed_images(cluster) if (t.name, t.state) in after.trash - baseline.trash]
-    ours = {int(found) for found in re.findall(r"client_id[\"=: ]+(\d+)", driver.log())}
-    held = (
-        ours and after.directory == baseline.directory and after.journal_names == baseline.journal_names
-        and after.trash - baseline.trash == {(name, "NORMAL")} and len(entries) == 1
-        and entries[0].image_id in queued_purges(cluster)
-        and entries[0].watchers and not entries[0].watchers & ours
-        and all(o.startswith((f"rbd_header.{entries[0].image_id}", f"rbd_data.{entries[0].image_id}.",
-                              f"rbd_object_map.{entries[0].image_id}")) for o in after.objects - baseline.objects)
-    )
-    assert held, (after, baseline, describe_trash(cluster), sorted(ours))
-    print(f"purge of {name} waits on a watch by {sorted(entries[0].watchers)}, not the driver's {sorted(ours)}")
+    assert wait_for_pool(ceph_cluster, baseline, timeout=150) == baseline
 
 
 def test_delete_finishes_a_remove_killed_while_it_moved_the_image_to_the_trash(
