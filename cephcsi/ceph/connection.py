@@ -73,12 +73,12 @@ def open_rados(cluster: ClusterConfig, credentials: Credentials, settings: CephS
     return handle
 
 
-
 def _instance_id(handle: rados.Rados) -> int | None:
     try:
         return int(handle.get_instance_id())
     except rados.Error:
         return None  # only for the log line
+
 
 @dataclass(eq=False)
 class _Attempt:

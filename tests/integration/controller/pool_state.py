@@ -110,7 +110,6 @@ def _only_foreign_watches_hold_purges(cluster: CephTestCluster, state: PoolState
             and expected.objects <= state.objects)
 
 
-
 def _only_residue_drained(state: PoolState, expected: PoolState) -> bool:
     """The pool is `expected` less trash entries (and their images' objects) that were already
     there when it was read, which the mgr has purged since: the residue of an earlier test,
@@ -121,6 +120,7 @@ def _only_residue_drained(state: PoolState, expected: PoolState) -> bool:
             and state.journal_names == expected.journal_names
             and state.trash <= expected.trash and state.objects <= expected.objects
             and all(name.startswith(("rbd_header.", "rbd_data.", "rbd_object_map.")) for name in gone_objects))
+
 
 @dataclass(frozen=True)
 class TrashedImage:
