@@ -11,7 +11,6 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from weakref import WeakSet
 
 import grpc
 
@@ -20,16 +19,16 @@ from cephcsi._generated import csi_pb2, csi_pb2_grpc
 
 _CLIENT_ID = re.compile(r"client_id[\"=: ]+(\d+)")
 _GONE_CLIENT_IDS: set[int] = set()
-_LIVE: WeakSet[DriverProcess] = WeakSet()
+_STARTED: list[DriverProcess] = []  # a list: subclasses are dataclasses with eq, so unhashable
 
 
 def driver_client_ids() -> set[int]:
     """Every Ceph client id a driver process of this test session logged at connect (its own
     and those of drivers already cleaned up): to tell the driver's watches from anyone else's."""
-    return _GONE_CLIENT_IDS | {found for driver in list(_LIVE) for found in driver.client_ids()}
+    return _GONE_CLIENT_IDS | {found for driver in list(_STARTED) for found in driver.client_ids()}
 
 
-@dataclass(eq=False)
+@dataclass
 class DriverProcess:
     """One cephcsi process; `args` are extra flags. Logs go to `log_path`."""
 
@@ -40,7 +39,7 @@ class DriverProcess:
     workdir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="csi-", dir="/tmp"))
 
     def __post_init__(self) -> None:
-        _LIVE.add(self)
+        _STARTED.append(self)
         self.socket = os.path.join(self.workdir, "csi.sock")
         self.log_path = os.path.join(self.workdir, "driver.log")
         self.process: subprocess.Popen[bytes] | None = None
