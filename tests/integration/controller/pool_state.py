@@ -19,7 +19,9 @@ from tests.ceph.fixtures import CephTestCluster
 from tests.integration.driver import driver_client_ids
 
 
-PER_IMAGE_PREFIXES = ("csi.", "rbd_id.", "rbd_header.", "rbd_data.", "rbd_object_map.")
+IMAGE_OBJECT_PREFIXES = ("rbd_header.", "rbd_data.", "rbd_object_map.")
+"""An image's own objects, named by its id: what a purge removes."""
+PER_IMAGE_PREFIXES = ("csi.", "rbd_id.", *IMAGE_OBJECT_PREFIXES)
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ def _only_foreign_watches_hold_purges(cluster: CephTestCluster, state: PoolState
     if not drivers or len(held) != len(extra) or any(
             not t.watchers or t.watchers & drivers or t.image_id not in queued for t in held):
         return False
-    own = tuple(f"{prefix}{t.image_id}" for t in held for prefix in ("rbd_header.", "rbd_data.", "rbd_object_map."))
+    own = tuple(f"{prefix}{t.image_id}" for t in held for prefix in IMAGE_OBJECT_PREFIXES)
     return (all(name.startswith(own) for name in state.objects - expected.objects)
             and expected.objects <= state.objects)
 
@@ -119,7 +121,7 @@ def _only_residue_drained(state: PoolState, expected: PoolState) -> bool:
     return (bool(gone_trash) and state.directory == expected.directory
             and state.journal_names == expected.journal_names
             and state.trash <= expected.trash and state.objects <= expected.objects
-            and all(name.startswith(("rbd_header.", "rbd_data.", "rbd_object_map.")) for name in gone_objects))
+            and all(name.startswith(IMAGE_OBJECT_PREFIXES) for name in gone_objects))
 
 
 @dataclass(frozen=True)
