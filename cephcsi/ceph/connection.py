@@ -26,6 +26,7 @@ import rados
 from rados import Ioctx
 
 from cephcsi.ceph.credentials import Credentials
+from cephcsi.ceph import pool_validation
 from cephcsi.ceph.errors import CONNECTION_LOST, ceph_call, error_number
 from cephcsi.config.clusters import ClusterConfig
 from cephcsi.errors import CephCSIError, Internal, NotFound, PermissionDenied, Unavailable
@@ -63,6 +64,8 @@ def open_rados(cluster: ClusterConfig, credentials: Credentials, settings: CephS
         # a deleted image that clones still read through waits in the trash until they are gone.
         "rbd_default_clone_format": "2",
         "rbd_move_parent_to_trash_on_remove": "true",
+        # Read once per pool by cephcsi.ceph.pool_validation, not by every create.
+        pool_validation.OPTION: "false",
     }
     handle = rados.Rados(rados_id=credentials.user_id, conf=conf)
     try:
@@ -131,6 +134,7 @@ class Connection:
     _state: threading.Lock = field(default_factory=threading.Lock)
     _attempt: _Attempt | None = None
     _failure: _Failure | None = None
+    pools: pool_validation.PoolValidation = field(default_factory=pool_validation.PoolValidation)
 
     def __post_init__(self) -> None:
         self.last_used = self.clock()
@@ -270,6 +274,12 @@ class Session:
             yield io
         finally:
             io.close()
+
+    @contextmanager
+    def creating_in(self, io: Ioctx, data_pool: str | None) -> Iterator[None]:
+        """Around a create or clone into `io`: see cephcsi.ceph.pool_validation."""
+        with self._connection.pools.creating(self.rados, io, data_pool):
+            yield
 
     def pool_name(self, pool_id: int) -> str | None:
         """The pool's name, or None if no pool has this id any more."""

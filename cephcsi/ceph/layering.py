@@ -266,7 +266,7 @@ def finished_clone(session: Session, io: rados.Ioctx, name: str) -> bool:
             return bool(clone_complete(io, name, link.image_id, parent_io))
 
 
-def clone(parent_io: rados.Ioctx, parent_name: str, snap_name: str, io: rados.Ioctx, name: str,
+def clone(session: Session, parent_io: rados.Ioctx, parent_name: str, snap_name: str, io: rados.Ioctx, name: str,
           features: int, data_pool: str | None, parent_id: str = "") -> None:
     """Clone parent@snap to `name` (format 2: set on the connection). An existing finished clone
     is kept; debris of a killed clone is removed first (it holds no data of its own).
@@ -278,7 +278,7 @@ def clone(parent_io: rados.Ioctx, parent_name: str, snap_name: str, io: rados.Io
     if state is False:
         log.warning("removing an interrupted clone", extra=fields(image=name))
         remove_debris(io, name)
-    with ceph_call("clone image", f"image {name!r} from {parent_name}@{snap_name}"):
+    with session.creating_in(io, data_pool), ceph_call("clone image", f"image {name!r} from {parent_name}@{snap_name}"):
         try:
             rbd.RBD().clone(parent_io, parent_name, snap_name, io, name, features=features,
                             data_pool=data_pool or None)

@@ -124,7 +124,7 @@ class Cloner:
                 return self._clone_volume(session, source_io, pool, entry_id, io, request, record)
             parent = self._snapshot_parent(source_io, pool, entry_id)
             size = target_size(request, parent.size)
-            layering.clone(parent.io, parent.image, parent.snap, io, record.image_name, self._features(request),
+            layering.clone(session, parent.io, parent.image, parent.snap, io, record.image_name, self._features(request),
                            request.parameters.data_pool or None, parent_id=parent.image_id)
             return size, parent.size
 
@@ -181,7 +181,7 @@ class Cloner:
                 pool, source_io.get_namespace(), source_record.image_name), self.policy)
             layering.ensure_snap(source, temp)
             failpoints.reach("clone.after-source-snap")
-            layering.clone(source_io, source_record.image_name, temp, io, record.image_name,
+            layering.clone(session, source_io, source_record.image_name, temp, io, record.image_name,
                            self._features(request), request.parameters.data_pool or None,
                            parent_id=str(source.id()))
             layering.remove_snap(source, temp)

@@ -130,7 +130,7 @@ class VolumeManager:
                         if self.cloner is not None and (request.source is not None or clones.has_source(record)):
                             image_id, size, written = self.cloner.ensure(session, io, request, record)
                         else:
-                            image_id, size, made = self._ensure_image(io, request, record.image_name, maybe_exists=not fresh)
+                            image_id, size, made = self._ensure_image(session, io, request, record.image_name, maybe_exists=not fresh)
                         created = made and not image_id
                         if created and request.metadata and record.pending_metadata() == dict(request.metadata):
                             # A new image, and its owner keys are durable in the record: they go
@@ -224,7 +224,7 @@ class VolumeManager:
                 return Volume(VolumeId(params.cluster_id, value.image_pool_id, uuid), info.size,
                               record.image_name, context)
 
-    def _ensure_image(self, io: rados.Ioctx, request: CreateRequest, name: str,
+    def _ensure_image(self, session: Session, io: rados.Ioctx, request: CreateRequest, name: str,
                       maybe_exists: bool = True) -> tuple[str, int, bool]:
         """(image id, size, made by this call) of the volume's image, creating it when it does
         not exist yet; the id is '' for an image this call made (not read: see create).
@@ -240,7 +240,8 @@ class VolumeManager:
             trash.finish_removal(io, name)
         if info is None:
             log.info("creating image", extra=fields(image=name, pool=params.pool, bytes=request.size))
-            image_id = images.create(io, name, request.size, params.features, params.data_pool, with_id=False)
+            with session.creating_in(io, params.data_pool):
+                image_id = images.create(io, name, request.size, params.features, params.data_pool, with_id=False)
             failpoints.reach("create.after-image")
             return image_id, request.size, True
         if not fits(info.size, request.required_bytes, request.limit_bytes):

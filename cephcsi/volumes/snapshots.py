@@ -216,7 +216,7 @@ class SnapshotManager:
                 snapshots.update(record.uuid, {CREATED: f"{layering.snap_timestamp(source, cut.snap_id):.6f}"})
             # deep-flatten: a background flatten must also free the restore point from the source.
             features = source.features() | rbd.RBD_FEATURE_LAYERING | rbd.RBD_FEATURE_DEEP_FLATTEN
-            layering.clone(io, source_record.image_name, temp, io, record.image_name, features,
+            layering.clone(session, io, source_record.image_name, temp, io, record.image_name, features,
                            _data_pool(session, source, io), parent_id=str(source.id()))
             failpoints.reach("snapshot.after-clone")
             layering.remove_snap(source, temp)
