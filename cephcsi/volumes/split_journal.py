@@ -23,14 +23,15 @@ from __future__ import annotations
 import errno
 import logging
 import re
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import rados
 
-from cephcsi.ceph import omap
+from cephcsi.ceph import batch, omap
 from cephcsi.ceph.connection import Session
-from cephcsi.ceph.errors import ceph_call, error_number
-from cephcsi.errors import CephCSIError, FailedPrecondition, NotFound, PermissionDenied
+from cephcsi.ceph.errors import ceph_call
+from cephcsi.errors import FailedPrecondition, NotFound, PermissionDenied
 from cephcsi.observability.logging import fields
 from cephcsi.volumes.journal import IMAGE_ID, IMAGE_NAME, JournalKind, Record
 
@@ -151,19 +152,35 @@ def _pool_id_field(record: Record, where: str) -> int | None:
 # Reading a pool the credentials may not cover, or one that holds no omaps (an erasure-coded data
 # pool): such a pool cannot hold ceph-csi's journal for this user, so it is skipped.
 _SKIPPED = (PermissionDenied, NotFound)
+_SKIPPED_READS: dict[int, None] = {-errno.EPERM: None, -errno.EACCES: None, -errno.EOPNOTSUPP: None}
 
 
-def _read_candidate(session: Session, pool: str, namespace: str, obj: str) -> dict[str, str] | None:
-    try:
-        with session.ioctx(pool, namespace) as io:
-            return omap.read(io, obj)
-    except _SKIPPED:
-        return None
-    except CephCSIError as error:
-        cause = error.__cause__
-        if cause is not None and error_number(cause) == errno.EOPNOTSUPP:
-            return None
-        raise
+def _read_candidates(session: Session, pools: list[str], namespace: str, obj: str
+                     ) -> list[tuple[str, int, dict[str, str]]]:
+    """(pool, its id, the omap) of `obj` in each of `pools` that has it, read all at once: a
+    DeleteVolume of a volume without a record (a retried delete) asks every pool of the
+    cluster, one round trip in all instead of one per pool."""
+    with ExitStack() as opened:
+        reads: list[tuple[str, int, batch.Batch, batch.Pending[dict[str, bytes] | None]]] = []
+        try:
+            for pool in pools:
+                try:
+                    io = opened.enter_context(session.ioctx(pool, namespace))
+                except _SKIPPED:
+                    continue
+                submitted = batch.Batch(io)
+                reads.append((pool, io.get_pool_id(), submitted, submitted.omap(obj)))
+                reads[-1][3].answers.update(_SKIPPED_READS)
+        finally:
+            # Before any ioctx closes: an op still in flight must not be released under librados.
+            for _, _, submitted, _ in reads:
+                submitted.wait()
+        found = []
+        for pool, pool_id, _, pending in reads:
+            values = pending.result()
+            if values is not None:
+                found.append((pool, pool_id, {key: value.decode() for key, value in values.items()}))
+        return found
 
 
 def _pools(session: Session) -> list[str]:
@@ -195,16 +212,11 @@ def locate(session: Session, io: rados.Ioctx, image_pool: str, kind: JournalKind
                 "exists; its name key is gone with it: run `cephcsi audit`"
             )
         return SplitVolume(local, image_pool, journal, image_pool, image_pool_id)
-    candidates = [journal_pool] if journal_pool else [p for p in _pools(session) if p != image_pool]
-    for pool in candidates:
-        if pool == image_pool:
-            continue
-        values = _read_candidate(session, pool, namespace, obj)
-        record = record_of(values or {}, uuid, kind)
+    candidates = [journal_pool] if journal_pool else _pools(session)
+    for pool, own_id, values in _read_candidates(session, [p for p in candidates if p != image_pool], namespace, obj):
+        record = record_of(values, uuid, kind)
         if record is None:
             continue
-        with session.ioctx(pool, namespace) as candidate:
-            own_id = candidate.get_pool_id()
         if _pool_id_field(record, f"{obj} in pool {pool!r}") != own_id:
             # Same uuid, but not a record ceph-csi wrote for a volume in `image_pool`: uuids are
             # random, so this is someone else's object; never adopt it.
