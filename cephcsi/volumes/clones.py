@@ -122,7 +122,7 @@ class Cloner:
         with sources.opened(session, entry_id, f"source {source.kind}") as (pool, source_io):
             if source.kind == "volume":
                 return self._clone_volume(session, source_io, pool, entry_id, io, request, record)
-            parent = self._snapshot_parent(source_io, pool, entry_id)
+            parent = self._snapshot_parent(session, source_io, pool, entry_id)
             size = target_size(request, parent.size)
             layering.clone(session, parent.io, parent.image, parent.snap, io, record.image_name, self._features(request),
                            request.parameters.data_pool or None, parent_id=parent.image_id)
@@ -143,8 +143,8 @@ class Cloner:
         # A clone needs layering whatever the StorageClass lists.
         return images.feature_mask(request.parameters.features) | rbd.RBD_FEATURE_LAYERING
 
-    def _snapshot_parent(self, io: rados.Ioctx, pool: str, entry_id: VolumeId) -> Parent:
-        journal = sources.snapshot_journal(io, self.instance_id, self.lock_seconds)
+    def _snapshot_parent(self, session: Session, io: rados.Ioctx, pool: str, entry_id: VolumeId) -> Parent:
+        journal = sources.snapshot_journal(io, self.instance_id, self.lock_seconds, session)
         entry = sources.read_entry(io, pool, entry_id, journal, "source snapshot")
         name = entry.record.image_name
         size_text = entry.record.get(sources.FINISHED_SIZE)

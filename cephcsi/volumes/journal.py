@@ -178,6 +178,7 @@ class Journal:
     def __init__(self, io: rados.Ioctx, instance_id: str, kind: JournalKind = VOLUMES, lock_seconds: float = 10.0) -> None:
         self.io = io
         self.kind = kind
+        self.instance_id = instance_id
         self.directory = f"{kind.directory_prefix}{instance_id}"
         self.lock_seconds = lock_seconds
 

@@ -313,10 +313,12 @@ class VolumeManager:
         """The order of `_delete_locked` across two pools: image (in `pool`), then the name key
         (in the journal pool, only while it still points here), then the record wherever its
         values are, and last the object in `pool` the lock lives on. A retry after a crash at
-        any step finds the record (or, after the last, nothing) and goes on from there."""
+        any step finds the record (or, after the last, nothing) and goes on from there.
+        `journal` is the image pool's journal of the entry's kind (volumes, or snapshots for
+        SnapshotManager); the journal pool's is made the same way."""
         record = split.record
         with session.ioctx(split.journal_pool, io.get_namespace()) as journal_io:
-            names = self._journal(journal_io)
+            names = Journal(journal_io, journal.instance_id, journal.kind, lock_seconds=journal.lock_seconds)
             values = names if split.record_in_journal_pool else journal
             hold.ensure_held()
             self._remove_image(session, io, pool, values, record)
@@ -327,8 +329,9 @@ class VolumeManager:
             if split.record_in_journal_pool:
                 names.remove_record(record.uuid)
             journal.remove_record(record.uuid)
-        log.info("deleted a volume journaled in another pool (ceph-csi topology)",
-                 extra=fields(uuid=record.uuid, image=record.image_name, journal_pool=split.journal_pool))
+        log.info("deleted an entry journaled in another pool (ceph-csi topology)",
+                 extra=fields(journal=journal.kind.record_prefix, uuid=record.uuid, image=record.image_name,
+                              journal_pool=split.journal_pool))
 
     def _remove_image(self, session: Session, io: rados.Ioctx, pool: str, journal: Journal, record: Record) -> None:
         """Take the image out of service from whatever state an earlier, killed attempt (ours,

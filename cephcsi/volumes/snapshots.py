@@ -33,10 +33,10 @@ from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, OperationInFlight
 from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
-from cephcsi.volumes import failpoints, flatten, sources
-from cephcsi.volumes.journal import IMAGE_ID, SOURCE, Journal, Record
+from cephcsi.volumes import failpoints, flatten, sources, split_journal
+from cephcsi.volumes.journal import IMAGE_ID, SNAPSHOTS, SOURCE, Journal, Record
 from cephcsi.volumes.manager import VolumeManager
-from cephcsi.volumes.split_journal import parse_name_value
+from cephcsi.volumes.split_journal import JOURNAL_POOL, parse_name_value
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
 log = logging.getLogger(__name__)
@@ -285,8 +285,16 @@ class SnapshotManager:
                 return
             with session.ioctx(pool) as io:
                 volumes, snapshots = self._journals(io, session)
-                with snapshots.locked(snapshot_id.object_uuid):
+                with snapshots.locked(snapshot_id.object_uuid) as hold:
                     record = snapshots.read(snapshot_id.object_uuid)
+                    if record is None or record.get(JOURNAL_POOL):
+                        # ceph-csi journals a snapshot of a topology-constrained volume the way
+                        # it journals that volume: name key and record in the StorageClass pool.
+                        # Discarding the object here as an orphan would leave its image behind.
+                        split = split_journal.locate(session, io, pool, SNAPSHOTS, snapshot_id.object_uuid)
+                        if split is not None:
+                            self.volumes._delete_split(session, io, pool, snapshots, hold, split)
+                            return
                     if record is None:
                         snapshots.discard_orphan(snapshot_id.object_uuid)
                         return

@@ -24,7 +24,7 @@ from cephcsi.ceph.connection import Session
 from cephcsi.errors import NotFound, OperationInFlight
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import split_journal
-from cephcsi.volumes.journal import SNAPSHOTS, VOLUMES, Journal, Record
+from cephcsi.volumes.journal import SNAPSHOTS, VOLUMES, Journal, JournalKind, Record
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
 log = logging.getLogger(__name__)
@@ -83,25 +83,31 @@ def volume_journal(io: rados.Ioctx, instance_id: str, lock_seconds: float, sessi
 
 
 class SourceJournal(Journal):
-    """The volume journal as snapshot and clone calls read their source: a volume ceph-csi
-    journaled apart from its image (cephcsi.volumes.split_journal) keeps its record in another
-    pool, while its lease, as DeleteVolume takes it, stays on this pool's object. Reads find the
-    record wherever it is; everything else is the plain journal of this pool."""
+    """A journal as snapshot and clone calls read their source: a volume ceph-csi journaled apart
+    from its image (cephcsi.volumes.split_journal) keeps its record in another pool, and so does a
+    snapshot ceph-csi made of such a volume, while the lease, as the deletes take it, stays on
+    this pool's object. Reads find the record wherever it is; everything else is the plain
+    journal of this pool."""
 
-    def __init__(self, io: rados.Ioctx, instance_id: str, lock_seconds: float, session: Session) -> None:
-        super().__init__(io, instance_id, VOLUMES, lock_seconds=lock_seconds)
+    def __init__(self, io: rados.Ioctx, instance_id: str, lock_seconds: float, session: Session,
+                 kind: JournalKind = VOLUMES) -> None:
+        super().__init__(io, instance_id, kind, lock_seconds=lock_seconds)
         self.session = session
 
     def read(self, uuid: str) -> Record | None:
         record = super().read(uuid)
         if record is not None and not record.get(split_journal.JOURNAL_POOL):
             return record  # the usual case: no further read
-        split = split_journal.locate(self.session, self.io, self.io.get_pool_name(), VOLUMES, uuid)
+        split = split_journal.locate(self.session, self.io, self.io.get_pool_name(), self.kind, uuid)
         return split.record if split is not None else record
 
 
-def snapshot_journal(io: rados.Ioctx, instance_id: str, lock_seconds: float) -> Journal:
-    return Journal(io, instance_id, SNAPSHOTS, lock_seconds=lock_seconds)
+def snapshot_journal(io: rados.Ioctx, instance_id: str, lock_seconds: float, session: Session | None = None) -> Journal:
+    """The snapshot journal of `io`'s pool; given the session, one that reads a source snapshot
+    wherever ceph-csi journaled it (`SourceJournal`)."""
+    if session is None:
+        return Journal(io, instance_id, SNAPSHOTS, lock_seconds=lock_seconds)
+    return SourceJournal(io, instance_id, lock_seconds, session, SNAPSHOTS)
 
 
 @contextmanager

@@ -118,17 +118,21 @@ def _journal_split_as_ceph_csi(cluster: CephTestCluster, name: str, record_in_jo
     return VolumeId(cluster.cluster_id, image_id_of_pool, volume_uuid).encode(), image
 
 
-def _journal_objects(cluster: CephTestCluster, pool: str, volume_uuid: str, name: str) -> dict[str, object]:
-    """What either pool still holds of the volume: its record object, name key, image, trash entry."""
+def _journal_objects(cluster: CephTestCluster, pool: str, entry_uuid: str, name: str,
+                     snapshot: bool = False) -> dict[str, object]:
+    """What either pool still holds of the volume (or snapshot): its record object, name key,
+    image, trash entry."""
+    record_prefix, directory, image_prefix = \
+        ("csi.snap.", "csi.snaps.default", "csi-snap-") if snapshot else ("csi.volume.", "csi.volumes.default", "csi-vol-")
     client, io = _admin_pool(cluster, pool)
     try:
         import rados
 
         objects = {o.key for o in io.list_objects()}
         with rados.ReadOpCtx() as op:
-            items, _ = io.get_omap_vals_by_keys(op, (f"csi.volume.{name}",))
+            items, _ = io.get_omap_vals_by_keys(op, (f"{record_prefix}{name}",))
             try:
-                io.operate_read_op(op, "csi.volumes.default")
+                io.operate_read_op(op, directory)
                 key = dict(items)
             except rados.ObjectNotFound:
                 key = {}
@@ -138,17 +142,18 @@ def _journal_objects(cluster: CephTestCluster, pool: str, volume_uuid: str, name
     images = json.loads(cluster.admin("rbd", "ls", "-p", pool, "--format", "json") or "[]")
     trash = json.loads(cluster.admin("rbd", "trash", "ls", "-p", pool, "--format", "json") or "[]")
     return {
-        "record": f"csi.volume.{volume_uuid}" in objects,
+        "record": f"{record_prefix}{entry_uuid}" in objects,
         "name key": bool(key),
-        "image": f"csi-vol-{volume_uuid}" in images,
-        "trash": any(entry["name"] == f"csi-vol-{volume_uuid}" for entry in trash),
+        "image": f"{image_prefix}{entry_uuid}" in images,
+        "trash": any(entry["name"] == f"{image_prefix}{entry_uuid}" for entry in trash),
     }
 
 
-def _gone(cluster: CephTestCluster, pool: str, volume_uuid: str, name: str, timeout: float = 120) -> dict[str, object]:
+def _gone(cluster: CephTestCluster, pool: str, entry_uuid: str, name: str, timeout: float = 120,
+          snapshot: bool = False) -> dict[str, object]:
     deadline = time.monotonic() + timeout
     while True:
-        left = _journal_objects(cluster, pool, volume_uuid, name)
+        left = _journal_objects(cluster, pool, entry_uuid, name, snapshot)
         if not any(left.values()) or time.monotonic() > deadline:
             return left
         time.sleep(0.5)
@@ -208,3 +213,70 @@ def test_a_ceph_csi_volume_journaled_in_another_pool_is_adopted_grown_audited_an
     driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=ceph_cluster.secrets),
                                    timeout=60)
     assert not any(_journal_objects(ceph_cluster, ceph_cluster.pool2, volume_uuid, request.name).values())
+
+
+def _snapshot_split_as_ceph_csi(cluster: CephTestCluster, source_image: str, record_in_journal_pool: bool
+                                ) -> tuple[str, str, str]:
+    """(snapshot id, request name, snapshot image) of a snapshot ceph-csi's CreateSnapshot made of a
+    volume it journaled in `cluster.pool` with its image in `cluster.pool2`: the snapshot journal
+    is split the same way as the volume's (its reserveSnap passes the source's journal pool and
+    image pool to ReserveName), and the snapshot image, a copy of the source, carries the restore
+    point snapshot named after itself."""
+    import rados
+    import rbd
+
+    snap_uuid = str(uuid.uuid4())
+    name, image, record = f"snapshot-{uuid.uuid4()}", f"csi-snap-{snap_uuid}", f"csi.snap.{snap_uuid}"
+    journal_client, journal_io = _admin_pool(cluster, cluster.pool)
+    image_client, image_io = _admin_pool(cluster, cluster.pool2)
+    try:
+        journal_id, image_pool_id = journal_io.get_pool_id(), image_io.get_pool_id()
+        with rados.WriteOpCtx() as op:
+            op.new(rados.LIBRADOS_CREATE_EXCLUSIVE)
+            image_io.operate_write_op(op, record)
+        _omap_set(journal_io, "csi.snaps.default", {f"csi.snap.{name}": f"{image_pool_id:016x}/{snap_uuid}"})
+        record_io = journal_io if record_in_journal_pool else image_io
+        _omap_set(record_io, record, {"csi.snapname": name, "csi.imagename": image, "csi.source": source_image,
+                                      "csi.volume.owner": "team-a", "csi.journalpool": f"{journal_id:016x}"})
+        rbd.RBD().create(image_io, image, 8 * MiB, old_format=False, features=rbd.RBD_FEATURE_LAYERING)
+        with rbd.Image(image_io, image) as handle:
+            handle.create_snap(image)
+            _omap_set(record_io, record, {"csi.imageid": handle.id()})
+    finally:
+        for io, client in ((journal_io, journal_client), (image_io, image_client)):
+            io.close()
+            client.shutdown()
+    return VolumeId(cluster.cluster_id, image_pool_id, snap_uuid).encode(), name, image
+
+
+@pytest.mark.parametrize("record_in_journal_pool", [True, False], ids=["record-in-journal-pool", "record-in-image-pool"])
+def test_a_ceph_csi_snapshot_journaled_in_another_pool_is_deleted_with_everything_it_wrote(
+    driver: DriverProcess, ceph_cluster: CephTestCluster, record_in_journal_pool: bool
+) -> None:
+    """Restored from, then deleted. Before, a restore answered NOT_FOUND, and DeleteSnapshot took
+    the empty object in the image pool for an orphan, removed it and answered OK: the snapshot
+    image and the journal pool's name key and record stayed."""
+    volume_name = f"pvc-{uuid.uuid4()}"
+    volume_id, source = _journal_split_as_ceph_csi(ceph_cluster, volume_name, record_in_journal_pool)
+    snapshot_id, name, image = _snapshot_split_as_ceph_csi(ceph_cluster, source, record_in_journal_pool)
+    snap_uuid = snapshot_id[-36:]
+    assert _journal_objects(ceph_cluster, ceph_cluster.pool2, snap_uuid, name, snapshot=True)["image"]
+    c = driver.controller
+    restored = c.CreateVolume(from_snapshot(ceph_cluster, snapshot_id, size=16 * MiB), timeout=60).volume
+    assert restored.capacity_bytes == 16 * MiB
+    assert restored.content_source.snapshot.snapshot_id == snapshot_id
+    parent = json.loads(ceph_cluster.admin("rbd", "info", "--format", "json",
+                                           f"{ceph_cluster.pool}/{restored.volume_context['imageName']}"))["parent"]
+    assert (parent["pool"], parent["image"], parent["snapshot"]) == (ceph_cluster.pool2, image, image)
+    c.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=restored.volume_id, secrets=ceph_cluster.secrets), timeout=60)
+    delete = csi_pb2.DeleteSnapshotRequest(snapshot_id=snapshot_id, secrets=ceph_cluster.secrets)
+    for _ in range(2):  # a repeated delete is a success that changes nothing
+        driver.controller.DeleteSnapshot(delete, timeout=60)
+        for pool in (ceph_cluster.pool, ceph_cluster.pool2):
+            assert _gone(ceph_cluster, pool, snap_uuid, name, snapshot=True) == \
+                {"record": False, "name key": False, "image": False, "trash": False}, (pool, image)
+    driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=ceph_cluster.secrets),
+                                   timeout=60)
+    for pool in (ceph_cluster.pool, ceph_cluster.pool2):
+        assert _gone(ceph_cluster, pool, volume_id[-36:], volume_name) == \
+            {"record": False, "name key": False, "image": False, "trash": False}, pool
