@@ -160,7 +160,8 @@ def _orphan_record(snap: Snapshot, record: RecordView) -> Finding:
 
 
 def _claimed_images(snap: Snapshot) -> set[str]:
-    records = [*snap.records.values(), *snap.split_records.values(), *snap.snap_journal.records.values()]
+    records = [*snap.records.values(), *snap.split_records.values(), *snap.snap_journal.records.values(),
+               *snap.snap_journal.split_records.values()]
     return {r.image_name for r in records if r.name and r.image_name}
 
 

@@ -34,12 +34,12 @@ from cephcsi.ceph.layering import TEMP_SNAP_PREFIX
 
 def snapshot_view(snap: Snapshot) -> Snapshot:
     """`snap` with the snapshot journal in the volume journal's place. No PVs: a PV names a
-    volume, never a snapshot; and nothing of the snapshot journal is split across pools here
-    (keys into other pools were left out by the scan)."""
+    volume, never a snapshot; and no name keys into other pools (left out by the scan: that
+    pool's audit judges them), but the records ceph-csi split off for snapshot images here."""
     journal = snap.snap_journal
     return replace(snap, prefix=journal.prefix, name_keys=journal.name_keys, foreign_uuids=journal.foreign_uuids,
-                   remote_keys={}, malformed_keys=journal.malformed_keys, split_records={}, split_named=frozenset(),
-                   records=journal.records, pvs=None, journal=JournalType.SNAPSHOT)
+                   remote_keys={}, malformed_keys=journal.malformed_keys, split_records=journal.split_records,
+                   split_named=journal.split_named, records=journal.records, pvs=None, journal=JournalType.SNAPSHOT)
 
 
 def snapshot_journal_findings(snap: Snapshot) -> list[Finding]:
@@ -135,6 +135,8 @@ def content_findings(snap: Snapshot) -> list[Finding]:
         if not content.uuid:
             continue  # the snapshotter is still making its snapshot: no handle to compare yet
         record = journal.records.get(content.uuid)
+        if record is None or not record.name:
+            record = journal.split_records.get(content.uuid, record)
         if record is None or not record.name:
             found.append(Finding(Kind.CONTENT_SNAPSHOT_GONE, content.name, f"names snapshot {content.uuid}, which "
                                  f"the snapshot journal does not know ({_content_state(content)})",

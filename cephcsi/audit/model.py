@@ -181,6 +181,11 @@ class SnapJournalView:
     """uuids that other instances' directories name, or that ceph-csi journaled for another pool."""
     malformed_keys: Mapping[str, str] = field(default_factory=dict)
     records: Mapping[str, RecordView] = field(default_factory=dict)
+    split_records: Mapping[str, RecordView] = field(default_factory=dict)
+    """Records ceph-csi wrote to another pool for snapshot images of this pool (a snapshot of a
+    volume it journaled apart from its image is journaled the same way)."""
+    split_named: frozenset[str] = frozenset()
+    """uuids of records here whose name key is in the pool their csi.journalpool names."""
 
     def uuid_of(self, image_name: str) -> str:
         if not image_name.startswith(self.prefix):

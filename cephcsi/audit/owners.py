@@ -47,7 +47,8 @@ def listing(snap: Snapshot, owners: Mapping[str, ImageOwner]) -> tuple[ImageEntr
     """`--list-images`: each live image with the request the journal records for it, the PVs
     naming it (the VolumeSnapshotContents, for a snapshot image) and the owner its metadata
     names."""
-    records = [*snap.records.values(), *snap.split_records.values(), *snap.snap_journal.records.values()]
+    records = [*snap.records.values(), *snap.split_records.values(), *snap.snap_journal.records.values(),
+               *snap.snap_journal.split_records.values()]
     requests = {r.image_name: r.name for r in records if r.name and r.image_name}
     snapshots = {r.image_name: uuid for uuid, r in snap.snap_journal.records.items() if r.image_name}
     return tuple(

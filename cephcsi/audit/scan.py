@@ -139,9 +139,10 @@ def resolve_remote_keys(session: Session, io: rados.Ioctx, remote: dict[str, Nam
 
 
 def read_split(session: Session, io: rados.Ioctx, pool: str, instance_id: str, records: dict[str, RecordView],
-               image_uuids: Iterable[str]) -> tuple[dict[str, RecordView], frozenset[str]]:
+               image_uuids: Iterable[str], kind: JournalKind = VOLUMES) -> tuple[dict[str, RecordView], frozenset[str]]:
     """(records ceph-csi wrote to another pool for images of this pool, uuids of records here
-    whose csi.journalpool names a pool whose key points back at them). Read-only."""
+    whose csi.journalpool names a pool whose key points back at them), of the volume or
+    snapshot journal. Read-only."""
     own_id = io.get_pool_id()
     named: set[str] = set()
     for uuid, record in records.items():
@@ -154,16 +155,16 @@ def read_split(session: Session, io: rados.Ioctx, pool: str, instance_id: str, r
         journal_pool = session.pool_name(journal_id) if journal_id != own_id else None
         if journal_pool is None:
             continue
-        key = f"{VOLUMES.name_key_prefix}{record.name}"
+        key = f"{kind.name_key_prefix}{record.name}"
         with session.ioctx(journal_pool, io.get_namespace()) as journal_io:
-            value = (omap.read(journal_io, f"{VOLUMES.directory_prefix}{instance_id}", (key,)) or {}).get(key)
+            value = (omap.read(journal_io, f"{kind.directory_prefix}{instance_id}", (key,)) or {}).get(key)
         if value == NameValue(uuid, own_id).encode():
             named.add(uuid)
     candidates = {uuid for uuid, record in records.items() if not record.name} | set(image_uuids)
     found: dict[str, RecordView] = {}
     for uuid in sorted(candidates):
         try:
-            split = split_journal.locate(session, io, pool, VOLUMES, uuid)
+            split = split_journal.locate(session, io, pool, kind, uuid)
         except CephCSIError as error:
             # Judged as if nothing were found elsewhere; the findings' own rules still hold.
             log.warning("cannot follow a journal entry into other pools", extra=fields(uuid=uuid, error=str(error)))
@@ -266,9 +267,16 @@ def read_snapshot(session: Session, io: rados.Ioctx, pool: str, instance_id: str
     snap_keys = read_journal(io, names, instance_id, SNAPSHOTS)
     # A `<pool id>/<uuid>` snapshot key is ceph-csi's, for a snapshot in another pool: that
     # pool's audit judges it, so its uuid is not ours to judge here.
+    snap_records = read_records(io, names, SNAPSHOTS)
+    snap_claimed = {r.image_name for r in snap_records.values() if r.name}
+    snap_unclaimed = [name[len(snapshot_prefix):] for name in directory
+                      if name.startswith(snapshot_prefix) and name not in snap_claimed
+                      and _UUID.match(name[len(snapshot_prefix):])]
+    snap_split, snap_split_named = read_split(session, io, pool, instance_id, snap_records, snap_unclaimed,
+                                              SNAPSHOTS)
     snap_journal = SnapJournalView(snapshot_prefix, snap_keys.plain,
                                    snap_keys.foreign | {value.uuid for value in snap_keys.remote.values()},
-                                   snap_keys.malformed, read_records(io, names, SNAPSHOTS))
+                                   snap_keys.malformed, snap_records, snap_split, snap_split_named)
     if snap_keys.remote:
         notes.append(f"{len(snap_keys.remote)} snapshot name key(s) point into other pools (ceph-csi topology); "
                      "not judged here")

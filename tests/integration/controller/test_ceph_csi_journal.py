@@ -261,6 +261,11 @@ def test_a_ceph_csi_snapshot_journaled_in_another_pool_is_deleted_with_everythin
     snapshot_id, name, image = _snapshot_split_as_ceph_csi(ceph_cluster, source, record_in_journal_pool)
     snap_uuid = snapshot_id[-36:]
     assert _journal_objects(ceph_cluster, ceph_cluster.pool2, snap_uuid, name, snapshot=True)["image"]
+    # Audit of either pool, repairing: nothing of the snapshot is reported, nothing is removed.
+    for pool in (ceph_cluster.pool, ceph_cluster.pool2):
+        _rc, doc, _ = run_audit(ceph_cluster, driver.config_file, "--pool", pool, "--repair")
+        assert not [f for f in doc["findings"] if snap_uuid in json.dumps(f)], (pool, doc["findings"])
+    assert _journal_objects(ceph_cluster, ceph_cluster.pool2, snap_uuid, name, snapshot=True)["record"]
     c = driver.controller
     restored = c.CreateVolume(from_snapshot(ceph_cluster, snapshot_id, size=16 * MiB), timeout=60).volume
     assert restored.capacity_bytes == 16 * MiB
