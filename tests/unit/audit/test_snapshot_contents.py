@@ -212,3 +212,19 @@ def test_without_the_crds_the_report_says_so_and_the_exit_status_does_not_change
     assert "CRDs are not installed" in report.to_table(result)
     assert json.loads(report.to_json(replace(result, scope=replace(scope, snapshot_contents=True))))[
         "snapshot_contents"] is True
+
+
+def test_a_snapshot_ceph_csi_journaled_in_another_pool_is_what_its_content_names() -> None:
+    """ceph-csi splits a topology volume's snapshot the way it splits the volume: here only the
+    image and an empty record object, the record (found by the scan) in the StorageClass pool."""
+    split = RecordView(S2, "snap-2", SNAP2, "sid2", journal_pool="0000000000000001")
+    snap = with_image(healthy(), SNAP2, "sid2")
+    journal = replace(snap.snap_journal, records={**snap.snap_journal.records, S2: RecordView(S2, "", "")},
+                      split_records={S2: split})
+    named = with_contents(replace(snap, snap_journal=journal), KEPT, ContentView("snapcontent-2", S2, "", "Delete",
+                                                                                 "ns/snap-2"))
+    assert classify(named) == []
+    # Without the split record, the same pool reads as debris a repair would remove.
+    alone = with_contents(replace(snap, snap_journal=replace(journal, split_records={})), KEPT,
+                          ContentView("snapcontent-2", S2, "", "Delete", "ns/snap-2"))
+    assert {f.kind for f in classify(alone)} >= {Kind.CONTENT_SNAPSHOT_GONE, Kind.ORPHAN_RECORD}
