@@ -101,11 +101,8 @@ def _only_foreign_watches_hold_purges(cluster: CephTestCluster, state: PoolState
             or state.directory != expected.directory or state.journal_names != expected.journal_names
             or not expected.trash <= state.trash):
         return False
-    drivers = driver_client_ids()
     held = [t for t in trashed_images(cluster, namespace) if (t.name, t.state) in extra]
-    queued = queued_purges(cluster)
-    if not drivers or len(held) != len(extra) or any(
-            not t.watchers or t.watchers & drivers or t.image_id not in queued for t in held):
+    if len(held) != len(extra) or len(foreign_held(cluster, held)) != len(held):
         return False
     own = tuple(f"{prefix}{t.image_id}" for t in held for prefix in IMAGE_OBJECT_PREFIXES)
     return (all(name.startswith(own) for name in state.objects - expected.objects)
@@ -147,6 +144,18 @@ def trashed_images(cluster: CephTestCluster, namespace: str = "") -> list[Trashe
             found.append(TrashedImage(entry.name, entry.image_id, entry.state.name,
                                       frozenset(int(w["id"]) for w in watchers if "id" in w), detail))
     return found
+
+
+def foreign_held(cluster: CephTestCluster, trashed: list[TrashedImage]) -> set[str]:
+    """Names of the `trashed` images that only a foreign watch keeps in the trash: a NORMAL entry
+    queued with the mgr, watched by clients none of which is one of this session's drivers
+    (see `_only_foreign_watches_hold_purges`)."""
+    drivers = driver_client_ids()
+    if not drivers or not trashed:
+        return set()
+    queued = queued_purges(cluster)
+    return {t.name for t in trashed if t.state == "NORMAL" and t.watchers and not t.watchers & drivers
+            and t.image_id in queued}
 
 
 def queued_purges(cluster: CephTestCluster) -> set[str]:

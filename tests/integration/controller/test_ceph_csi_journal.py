@@ -91,31 +91,43 @@ def _journal_split_as_ceph_csi(cluster: CephTestCluster, name: str, record_in_jo
          <journal pool id, 16 hex>
       4. image pool: the image; then csi.imageid into the record of step 3
     """
+    volume_uuid = str(uuid.uuid4())
+    image = f"csi-vol-{volume_uuid}"
+    image_id_of_pool = _split_as_ceph_csi(
+        cluster, volume_uuid, "csi.volume.", "csi.volumes.default", f"csi.volume.{name}",
+        {"csi.volname": name, "csi.imagename": image, "csi.volume.owner": "team-a"}, record_in_journal_pool)
+    return VolumeId(cluster.cluster_id, image_id_of_pool, volume_uuid).encode(), image
+
+
+def _split_as_ceph_csi(cluster: CephTestCluster, entry_uuid: str, record_prefix: str, directory: str, name_key: str,
+                       values: dict[str, str], record_in_journal_pool: bool, restore_point: bool = False) -> int:
+    """ceph-csi's split journal entry for one image (see `_journal_split_as_ceph_csi`), for its
+    volume or snapshot journal; the image is named by `values["csi.imagename"]`, and with
+    `restore_point` carries a snapshot of its own name. Returns the image pool's id."""
     import rados
     import rbd
 
-    volume_uuid = str(uuid.uuid4())
-    image = f"csi-vol-{volume_uuid}"
-    record = f"csi.volume.{volume_uuid}"
+    record, image = f"{record_prefix}{entry_uuid}", values["csi.imagename"]
     journal_client, journal_io = _admin_pool(cluster, cluster.pool)
     image_client, image_io = _admin_pool(cluster, cluster.pool2)
     try:
-        journal_id, image_id_of_pool = journal_io.get_pool_id(), image_io.get_pool_id()
+        journal_id, image_pool_id = journal_io.get_pool_id(), image_io.get_pool_id()
         with rados.WriteOpCtx() as op:
             op.new(rados.LIBRADOS_CREATE_EXCLUSIVE)
             image_io.operate_write_op(op, record)
-        _omap_set(journal_io, "csi.volumes.default", {f"csi.volume.{name}": f"{image_id_of_pool:016x}/{volume_uuid}"})
+        _omap_set(journal_io, directory, {name_key: f"{image_pool_id:016x}/{entry_uuid}"})
         record_io = journal_io if record_in_journal_pool else image_io
-        _omap_set(record_io, record, {"csi.volname": name, "csi.imagename": image, "csi.volume.owner": "team-a",
-                                      "csi.journalpool": f"{journal_id:016x}"})
+        _omap_set(record_io, record, {**values, "csi.journalpool": f"{journal_id:016x}"})
         rbd.RBD().create(image_io, image, 8 * MiB, old_format=False, features=rbd.RBD_FEATURE_LAYERING)
-        with rbd.Image(image_io, image, read_only=True) as handle:
+        with rbd.Image(image_io, image) as handle:
+            if restore_point:
+                handle.create_snap(image)
             _omap_set(record_io, record, {"csi.imageid": handle.id()})
     finally:
         for io, client in ((journal_io, journal_client), (image_io, image_client)):
             io.close()
             client.shutdown()
-    return VolumeId(cluster.cluster_id, image_id_of_pool, volume_uuid).encode(), image
+    return int(image_pool_id)
 
 
 def _journal_objects(cluster: CephTestCluster, pool: str, entry_uuid: str, name: str,
@@ -222,30 +234,12 @@ def _snapshot_split_as_ceph_csi(cluster: CephTestCluster, source_image: str, rec
     is split the same way as the volume's (its reserveSnap passes the source's journal pool and
     image pool to ReserveName), and the snapshot image, a copy of the source, carries the restore
     point snapshot named after itself."""
-    import rados
-    import rbd
-
     snap_uuid = str(uuid.uuid4())
-    name, image, record = f"snapshot-{uuid.uuid4()}", f"csi-snap-{snap_uuid}", f"csi.snap.{snap_uuid}"
-    journal_client, journal_io = _admin_pool(cluster, cluster.pool)
-    image_client, image_io = _admin_pool(cluster, cluster.pool2)
-    try:
-        journal_id, image_pool_id = journal_io.get_pool_id(), image_io.get_pool_id()
-        with rados.WriteOpCtx() as op:
-            op.new(rados.LIBRADOS_CREATE_EXCLUSIVE)
-            image_io.operate_write_op(op, record)
-        _omap_set(journal_io, "csi.snaps.default", {f"csi.snap.{name}": f"{image_pool_id:016x}/{snap_uuid}"})
-        record_io = journal_io if record_in_journal_pool else image_io
-        _omap_set(record_io, record, {"csi.snapname": name, "csi.imagename": image, "csi.source": source_image,
-                                      "csi.volume.owner": "team-a", "csi.journalpool": f"{journal_id:016x}"})
-        rbd.RBD().create(image_io, image, 8 * MiB, old_format=False, features=rbd.RBD_FEATURE_LAYERING)
-        with rbd.Image(image_io, image) as handle:
-            handle.create_snap(image)
-            _omap_set(record_io, record, {"csi.imageid": handle.id()})
-    finally:
-        for io, client in ((journal_io, journal_client), (image_io, image_client)):
-            io.close()
-            client.shutdown()
+    name, image = f"snapshot-{uuid.uuid4()}", f"csi-snap-{snap_uuid}"
+    image_pool_id = _split_as_ceph_csi(
+        cluster, snap_uuid, "csi.snap.", "csi.snaps.default", f"csi.snap.{name}",
+        {"csi.snapname": name, "csi.imagename": image, "csi.source": source_image, "csi.volume.owner": "team-a"},
+        record_in_journal_pool, restore_point=True)
     return VolumeId(cluster.cluster_id, image_pool_id, snap_uuid).encode(), name, image
 
 

@@ -12,7 +12,7 @@ import rbd
 
 from cephcsi._generated import csi_pb2
 from tests.ceph.fixtures import CephTestCluster
-from tests.integration.controller.helpers import create_request, image_of
+from tests.integration.controller.helpers import create_request, image_of, wait_for_empty_trash
 from tests.integration.controller.pool_state import TrashedImage, read_pool, trashed_images, wait_for_pool
 from tests.integration.driver import DriverProcess, driver_client_ids
 
@@ -47,6 +47,7 @@ def test_a_purge_held_by_a_foreign_watch_is_forgiven_and_drains_after_it(
             assert watcher not in driver_client_ids() and driver_client_ids()
             # Forgiven: the image is in the trash, its purge queued, only a foreign watch on it.
             assert wait_for_pool(ceph_cluster, baseline, timeout=5) == baseline
+            assert wait_for_empty_trash(ceph_cluster, {name}, timeout=1) == []
             assert [t.watchers for t in trashed_images(ceph_cluster) if t.name == name] == [frozenset({watcher})]
     finally:
         foreign.shutdown()
