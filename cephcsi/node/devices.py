@@ -7,6 +7,7 @@ we poll for them with a bounded, short interval.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -14,7 +15,7 @@ import stat
 import struct
 import time
 
-from cephcsi.errors import DeadlineExceeded, Internal
+from cephcsi.errors import DeadlineExceeded, Internal, OperationInFlight
 from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)
@@ -97,12 +98,26 @@ def _wait_udev(path: str, timeout: float) -> None:
         monitor.poll(timeout=min(remaining, 0.5))
 
 
-def read_probe(path: str, length: int = 64 * 1024) -> None:
+def read_probe(path: str, length: int = 64 * 1024, exclusive: bool = False) -> None:
     """Read the start of a device, so that 'nothing found' from blkid can be trusted to mean
-    an empty device and not an unreadable one (blkid reports both the same way)."""
+    an empty device and not an unreadable one (blkid reports both the same way).
+
+    `exclusive` (before a format or a mount) opens it with O_EXCL, which on a block device
+    claims it as mount and mkfs do: while something else holds it claimed, what a probe finds
+    may change under it. The case that matters is an mkfs whose plugin was killed mid-stage
+    and which is still writing (the plugin runs with hostPID, so its children outlive it):
+    blkid finds nothing until mkfs writes its superblock at the end. That is ABORTED, for the
+    kubelet to retry once the holder is done, naming the holder."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_EXCL if exclusive else 0)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except OSError as error:
+        if error.errno == errno.EBUSY and exclusive:
+            holders = ", ".join(openers(path)) or "a mount or another block device (no process has it open)"
+            raise OperationInFlight(
+                f"device {path} is claimed by {holders}; it is neither probed nor formatted nor mounted while "
+                "claimed (an mkfs interrupted by a plugin restart finishes on its own): retry"
+            ) from None
         raise Internal(f"cannot open device {path} to probe it: {error.strerror}") from None
     try:
         os.read(fd, length)
@@ -110,3 +125,38 @@ def read_probe(path: str, length: int = 64 * 1024) -> None:
         raise Internal(f"cannot read device {path} (I/O to the image fails): {error.strerror}") from None
     finally:
         os.close(fd)
+
+
+def openers(path: str) -> list[str]:
+    """Processes with `path`'s block device open, as "pid N (command)"; only for error messages.
+
+    By hand: /proc/<pid>/fd scanned for the device number (psutil would add a dependency for
+    this one error path). Processes that vanish or hide their fds are skipped."""
+    try:
+        wanted = os.stat(path).st_rdev
+    except OSError:
+        return []
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            if stat.S_ISBLK(st.st_mode) and st.st_rdev == wanted:
+                found.append(f"pid {pid} ({_command(pid)})")
+                break
+    return found
+
+
+def _command(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:
+        return "?"

@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Mapping
 
 from cephcsi.config.read_affinity import ReadAffinity
-from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument
+from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, OperationInFlight
 from cephcsi.node import devices, filesystems, legacy_stage, mounts, stage_record
 from cephcsi.node.exec import Runner
 from cephcsi.node.mappers import options as map_options, read_affinity
@@ -84,6 +84,10 @@ class Stager:
         created: list[str] = []
         try:
             self._stage_steps(record, request, created)
+        except OperationInFlight:
+            # The device is claimed by a holder still at work (devices.read_probe): tearing the
+            # mapping down under it helps nobody; the retry uses it, the record lets unstage undo it.
+            raise
         except Exception:
             self._roll_back(record, created, everything=not complete_before)
             raise
@@ -199,7 +203,7 @@ class Stager:
         if record.formatted:
             return
         if record.read_only:
-            found = filesystems.probe(self.run, record.device, self.timeout)
+            found = filesystems.probe(self.run, record.device, self.timeout, exclusive=True)
             if found.fs_type != record.fs_type:
                 raise FailedPrecondition(
                     f"read-only volume {record.volume_id} holds {found.fs_type or found.other or 'no filesystem'}, "

@@ -8,6 +8,7 @@ import os
 import subprocess
 import time
 
+import grpc
 import pytest
 
 from cephcsi.node.mounts import top_mount
@@ -17,6 +18,7 @@ from tests.integration.node.conftest import (
     Volume,
     assert_no_leftovers,
     block_cap,
+    expect_code,
     fuse_daemons_under,
     loops_under,
     mount_cap,
@@ -107,6 +109,41 @@ def test_crash_after_map_before_mount_then_stage_resumes(env: NodeEnv, make_volu
     env.driver.start()
     volume.stage(staging, mount_cap())  # resumes: reuses rbd-fuse and the loop device, mounts, no mkfs
     assert len(loops_under(env.root)) == 1 and len(fuse_daemons_under(env.root)) == 1
+    volume.publish(staging, target, mount_cap())
+    with open(os.path.join(target, "keep.txt")) as handle:
+        assert handle.read() == "must survive the resumed stage"
+    volume.unpublish(target)
+    volume.unstage(staging)
+    assert_no_leftovers(env, volume)
+
+
+def test_resumed_stage_waits_for_an_interrupted_mkfs_still_running(env: NodeEnv, make_volume) -> None:  # type: ignore[no-untyped-def]
+    """A plugin killed during mkfs leaves mkfs running (hostPID: children outlive the plugin),
+    and blkid finds nothing until mkfs writes its superblock last. While it runs, a resumed stage
+    must neither probe-and-format nor mount, nor pull the mapping from under it: ABORTED, naming
+    the holder. This process stands in for that mkfs by claiming the device as mkfs does (O_EXCL)."""
+    volume: Volume = make_volume()
+    staging, target = env.staging(), env.target()
+    volume.stage(staging, mount_cap())
+    volume.publish(staging, target, mount_cap())
+    with open(os.path.join(target, "keep.txt"), "w") as handle:
+        handle.write("must survive the resumed stage")
+    volume.unpublish(target)
+    env.driver.kill()
+    subprocess.run(["umount", os.path.join(staging, "fs")], check=True)
+    _edit_record(staging, staged=False, formatted=False, mkfs_started=True)
+    env.driver.start()
+
+    (device,) = loops_under(env.root)
+    claim = os.open(device, os.O_RDONLY | os.O_EXCL)
+    try:
+        for _ in range(2):
+            message = expect_code(grpc.StatusCode.ABORTED, volume.stage, staging, mount_cap())
+            assert f"pid {os.getpid()} " in message and device in message
+            assert loops_under(env.root) == [device] and len(fuse_daemons_under(env.root)) == 1  # left for the retry
+    finally:
+        os.close(claim)
+    volume.stage(staging, mount_cap())  # the claim is gone: the filesystem is found and kept
     volume.publish(staging, target, mount_cap())
     with open(os.path.join(target, "keep.txt")) as handle:
         assert handle.read() == "must survive the resumed stage"
