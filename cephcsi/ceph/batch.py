@@ -80,16 +80,20 @@ class Batch:
         """The object's omap (all of it, or `keys`) as stored; None when the object is missing."""
         op = rados.ReadOp()
         op.create()
-        self._ops.append(op)
-        if keys is None:
-            items, _ = self.io.get_omap_vals(op, "", "", -1)
-        else:
-            items, _ = self.io.get_omap_vals_by_keys(op, keys)
         pending: Pending[dict[str, bytes] | None] = Pending("read omap", f"object {obj!r}")
-        pending.decode = lambda: {key: bytes(value) for key, value in items}
         flag = rados.LIBRADOS_OPERATION_ORDER_READS_WRITES if after_writes else rados.LIBRADOS_OPERATION_NOFLAG
-        with ceph_call(pending.what, pending.where):
-            pending.completion = self.io.operate_aio_read_op(op, obj, flag=flag)
+        try:
+            if keys is None:
+                items, _ = self.io.get_omap_vals(op, "", "", -1)
+            else:
+                items, _ = self.io.get_omap_vals_by_keys(op, keys)
+            pending.decode = lambda: {key: bytes(value) for key, value in items}
+            with ceph_call(pending.what, pending.where):
+                pending.completion = self.io.operate_aio_read_op(op, obj, flag=flag)
+        except BaseException:
+            op.release()  # never submitted: nothing in flight can write into it
+            raise
+        self._ops.append(op)
         self._pending.append(pending)
         return pending
 
