@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import rados
 import rbd
@@ -191,7 +191,10 @@ class SnapshotManager:
         with ceph_call("open snapshot image", f"image {name!r}"):
             try:
                 with rbd.Image(io, name, read_only=True) as image:
-                    return _Shape.of(image) if layering.user_snap(image, name) is not None else None
+                    restore_point = layering.user_snap(image, name)
+                    if restore_point is None:
+                        return None
+                    return replace(_Shape.of(image), cut_at=layering.snap_timestamp(image, restore_point.snap_id))
             except rbd.ImageNotFound:
                 return None
 
@@ -261,11 +264,12 @@ class SnapshotManager:
             chain = layering.depth(session, io, shape.image_id)
             if not record.image_id:
                 snapshots.set_image_id(record.uuid, shape.image_id)
-        created = float(record.get(CREATED) or time.time())
-        snapshot_id = VolumeId(sources.decode(record.get(SOURCE_VOLUME_ID), "source volume").cluster_id,
+        # ceph-csi journals no creation time: its snapshot answers with the restore point's.
+        created = float(record.get(CREATED) or shape.cut_at or time.time())
+        source_volume_id = record.get(SOURCE_VOLUME_ID) or _source_of_ceph_csi_snapshot(session, io, record)
+        snapshot_id = VolumeId(sources.decode(source_volume_id, "source volume").cluster_id,
                                io.get_pool_id(), record.uuid).encode()
-        return Snapshot(snapshot_id, record.get(SOURCE_VOLUME_ID), shape.size, created,
-                        chain <= self.policy.hard_depth)
+        return Snapshot(snapshot_id, source_volume_id, shape.size, created, chain <= self.policy.hard_depth)
 
     # ---- DeleteSnapshot ---------------------------------------------------------------------------
 
@@ -313,7 +317,7 @@ class SnapshotManager:
         """A finished snapshot by uuid (None if absent or still being cut)."""
         _, snapshots = self._journals(io, session)
         record = snapshots.read(uuid)
-        if record is None or not record.get(SOURCE_VOLUME_ID):
+        if record is None or not (record.get(SOURCE_VOLUME_ID) or _source_of_ceph_csi_snapshot(session, io, record)):
             return None
         shape = self._restore_point(io, record.image_name)
         if shape is None:
@@ -334,10 +338,27 @@ class _Shape:
 
     size: int
     image_id: str
+    cut_at: float = 0.0
+    """When the restore point was taken (0: not read)."""
 
     @classmethod
     def of(cls, image: rbd.Image) -> _Shape:
         return cls(int(image.size()), str(image.id()))
+
+
+def _source_of_ceph_csi_snapshot(session: Session, io: rados.Ioctx, record: Record) -> str:
+    """The source volume id of a snapshot ceph-csi made ('' when the record cannot say).
+
+    ceph-csi's record keeps only the source's image name (csi.source). Its volumes' images are
+    named <volumeNamePrefix><uuid>, and its snapshots go to their source's pool, so the id it
+    answered CreateSnapshot with is rebuilt from the name's uuid and this pool, whether or not
+    the volume still exists (a snapshot outlives its source)."""
+    candidate = VolumeId(session.cluster.cluster_id, io.get_pool_id(), record.get(SOURCE)[-36:]).encode()
+    try:
+        VolumeId.decode(candidate)  # the name ends in a uuid
+    except MalformedId:
+        return ""
+    return candidate
 
 
 def _data_pool(session: Session, image: rbd.Image, io: rados.Ioctx) -> str | None:

@@ -10,6 +10,7 @@ import rados
 
 from cephcsi._generated import csi_pb2
 from cephcsi.ceph import omap
+from cephcsi.volumes.snapshots import CREATED, SOURCE_VOLUME_ID
 from cephcsi.volumes.sources import FINISHED_SIZE
 from cephcsi.volumes.volume_id import VolumeId
 from tests.ceph.fixtures import CephTestCluster
@@ -148,6 +149,35 @@ def test_list_snapshots_pages_are_stable(driver: DriverProcess, ceph_cluster: Ce
     assert [e.snapshot.snapshot_id for e in one.entries] == [kept]
     assert one.entries[0].snapshot.source_volume_id == source.volume_id
     delete_all(driver, ceph_cluster, [m for m in made if m != gone], [source.volume_id])
+
+
+def test_a_snapshot_ceph_csi_made_is_listed_with_its_source(driver: DriverProcess, ceph_cluster: CephTestCluster) -> None:
+    """ceph-csi's snapshot record names the source's image (csi.source), not its volume id, and
+    keeps no creation time. The external-snapshotter asks ListSnapshots for the state of a
+    pre-provisioned VolumeSnapshotContent (a backup tool's restore makes such), so a snapshot
+    ceph-csi made must be listed like one of ours: by id, by source, in the full listing."""
+    baseline = read_pool(ceph_cluster)
+    c = driver.controller
+    source = c.CreateVolume(create_request(ceph_cluster, size=16 * MiB), timeout=60).volume
+    made = c.CreateSnapshot(snapshot_request(ceph_cluster, source.volume_id), timeout=60).snapshot
+    with admin_ioctx(ceph_cluster) as io, rados.WriteOpCtx() as op:
+        # What cephcsi adds to ceph-csi's record, taken away: the record is then ceph-csi's.
+        io.remove_omap_keys(op, (SOURCE_VOLUME_ID, CREATED, FINISHED_SIZE))
+        io.operate_write_op(op, f"csi.snap.{VolumeId.decode(made.snapshot_id).object_uuid}")
+    secrets = ceph_cluster.secrets
+    listings = [c.ListSnapshots(request, timeout=60).entries for request in (
+        csi_pb2.ListSnapshotsRequest(snapshot_id=made.snapshot_id, secrets=secrets),
+        csi_pb2.ListSnapshotsRequest(source_volume_id=source.volume_id, secrets=secrets),
+        csi_pb2.ListSnapshotsRequest(secrets=secrets),
+    )]
+    for entries in listings:
+        (listed,) = [e.snapshot for e in entries if e.snapshot.snapshot_id == made.snapshot_id]
+        assert (listed.source_volume_id, listed.size_bytes, listed.ready_to_use) == (source.volume_id, 16 * MiB, True)
+        # The restore point's time: stable from call to call, a moment after the cut.
+        assert listed.creation_time == listings[0][0].snapshot.creation_time
+        assert 0 <= listed.creation_time.ToSeconds() - made.creation_time.ToSeconds() < 60
+    delete_all(driver, ceph_cluster, [made.snapshot_id], [source.volume_id])
+    assert wait_for_pool(ceph_cluster, baseline, timeout=120) == baseline
 
 
 def test_deep_chains_are_flattened_in_the_background(
