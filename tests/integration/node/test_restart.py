@@ -94,27 +94,41 @@ def test_crash_after_map_before_mount_then_unstage(env: NodeEnv, make_volume, lo
     assert_no_leftovers(env, volume)
 
 
-def test_crash_after_map_before_mount_then_stage_resumes(env: NodeEnv, make_volume) -> None:  # type: ignore[no-untyped-def]
-    volume: Volume = make_volume()
-    staging, target = env.staging(), env.target()
+KEPT = "must survive the resumed stage"
+
+
+def _killed_before_mount(env: NodeEnv, volume: Volume, staging: str, target: str, **record: object) -> None:
+    """A volume staged once and written to, then the state a plugin killed between map and
+    mount leaves (rbd-fuse and the loop device up, nothing mounted, the record saying `record`)."""
     volume.stage(staging, mount_cap())
     volume.publish(staging, target, mount_cap())
     with open(os.path.join(target, "keep.txt"), "w") as handle:
-        handle.write("must survive the resumed stage")
+        handle.write(KEPT)
     volume.unpublish(target)
     env.driver.kill()
     subprocess.run(["umount", os.path.join(staging, "fs")], check=True)
-    _edit_record(staging, staged=False, device="")
-
+    _edit_record(staging, staged=False, **record)
     env.driver.start()
-    volume.stage(staging, mount_cap())  # resumes: reuses rbd-fuse and the loop device, mounts, no mkfs
-    assert len(loops_under(env.root)) == 1 and len(fuse_daemons_under(env.root)) == 1
+
+
+def _restage_finds_the_data_and_unstage_leaves_nothing(env: NodeEnv, volume: Volume, staging: str,
+                                                       target: str) -> None:
+    volume.stage(staging, mount_cap())
     volume.publish(staging, target, mount_cap())
     with open(os.path.join(target, "keep.txt")) as handle:
-        assert handle.read() == "must survive the resumed stage"
+        assert handle.read() == KEPT
     volume.unpublish(target)
     volume.unstage(staging)
     assert_no_leftovers(env, volume)
+
+
+def test_crash_after_map_before_mount_then_stage_resumes(env: NodeEnv, make_volume) -> None:  # type: ignore[no-untyped-def]
+    volume: Volume = make_volume()
+    staging, target = env.staging(), env.target()
+    _killed_before_mount(env, volume, staging, target, device="")
+    volume.stage(staging, mount_cap())  # resumes: reuses rbd-fuse and the loop device, mounts, no mkfs
+    assert len(loops_under(env.root)) == 1 and len(fuse_daemons_under(env.root)) == 1
+    _restage_finds_the_data_and_unstage_leaves_nothing(env, volume, staging, target)
 
 
 def test_resumed_stage_waits_for_an_interrupted_mkfs_still_running(env: NodeEnv, make_volume) -> None:  # type: ignore[no-untyped-def]
@@ -124,16 +138,7 @@ def test_resumed_stage_waits_for_an_interrupted_mkfs_still_running(env: NodeEnv,
     the holder. This process stands in for that mkfs by claiming the device as mkfs does (O_EXCL)."""
     volume: Volume = make_volume()
     staging, target = env.staging(), env.target()
-    volume.stage(staging, mount_cap())
-    volume.publish(staging, target, mount_cap())
-    with open(os.path.join(target, "keep.txt"), "w") as handle:
-        handle.write("must survive the resumed stage")
-    volume.unpublish(target)
-    env.driver.kill()
-    subprocess.run(["umount", os.path.join(staging, "fs")], check=True)
-    _edit_record(staging, staged=False, formatted=False, mkfs_started=True)
-    env.driver.start()
-
+    _killed_before_mount(env, volume, staging, target, formatted=False, mkfs_started=True)
     (device,) = loops_under(env.root)
     claim = os.open(device, os.O_RDONLY | os.O_EXCL)
     try:
@@ -143,13 +148,8 @@ def test_resumed_stage_waits_for_an_interrupted_mkfs_still_running(env: NodeEnv,
             assert loops_under(env.root) == [device] and len(fuse_daemons_under(env.root)) == 1  # left for the retry
     finally:
         os.close(claim)
-    volume.stage(staging, mount_cap())  # the claim is gone: the filesystem is found and kept
-    volume.publish(staging, target, mount_cap())
-    with open(os.path.join(target, "keep.txt")) as handle:
-        assert handle.read() == "must survive the resumed stage"
-    volume.unpublish(target)
-    volume.unstage(staging)
-    assert_no_leftovers(env, volume)
+    # The claim is gone: the filesystem is found and kept.
+    _restage_finds_the_data_and_unstage_leaves_nothing(env, volume, staging, target)
 
 
 def test_crash_mid_map_before_loop_attach(env: NodeEnv, make_volume) -> None:  # type: ignore[no-untyped-def]
