@@ -2,7 +2,8 @@
 
 test_restart.py kills the plugin at chosen points of a stage. Here three volumes (ext4, xfs,
 raw block) go through stage → publish → unpublish → unstage cycles at once, one worker each (the
-kubelet serializes the calls of one volume, not of different ones), while the plugin is
+kubelet serializes the calls of one volume, not of different ones), and a fourth worker keeps
+staging new volumes, so mkfs runs too, while the plugin is
 SIGKILLed at random instants and restarted. Kills land inside whatever runs: mkfs, mount,
 losetup, the rbd-fuse start, a stage record write. Every call is retried as the kubelet retries
 it; only the codes a restarting plugin answers (UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED) are
@@ -36,6 +37,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.ceph, pytest.mark.slow]
 CYCLES = 4
 """Cycles each volume goes through at least; it goes on cycling until every kill was taken."""
 MAX_CYCLES = 60
+NEW_VOLUME_KINDS = (("ext4", 64), ("xfs", 320))
+"""(fsType, MiB) of the volumes one worker keeps making, so that kills also land in mkfs."""
+MAX_NEW_VOLUMES = 16
 KILLS = 6
 PAUSE_S = (0.05, 0.6)
 """Between a restart and the next kill. The workers call back to back, so a kill at a random
@@ -111,29 +115,52 @@ def _retried(call: Callable[[], object], phase: Phase, deadline: float = 180) ->
             time.sleep(0.1)
 
 
+def _cycle(stub: csi_pb2_grpc.NodeStub, volume: Volume, cap: csi_pb2.VolumeCapability, staging: str, target: str,
+           phase: Phase, first: bool) -> None:
+    """One pod's use of the volume: stage, publish, write the marker (`first`) or read it back,
+    unpublish, unstage; each call retried until it succeeds."""
+    marker = _marker(volume)
+    _retried(lambda: stub.NodeStageVolume(volume.stage_request(staging, cap), timeout=60), phase)
+    _retried(lambda: stub.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(
+        volume_id=volume.volume_id, staging_target_path=staging, target_path=target, volume_capability=cap),
+        timeout=60), phase)
+    if first:
+        _write_marker(target, cap, marker)
+    else:
+        found = _read_marker(target, cap, len(marker))
+        assert found == marker, f"{volume.image}: the first cycle's data is gone: {found[:80]!r}"
+    _retried(lambda: stub.NodeUnpublishVolume(csi_pb2.NodeUnpublishVolumeRequest(
+        volume_id=volume.volume_id, target_path=target), timeout=60), phase)
+    _retried(lambda: stub.NodeUnstageVolume(csi_pb2.NodeUnstageVolumeRequest(
+        volume_id=volume.volume_id, staging_target_path=staging), timeout=60), phase)
+
+
 def _cycles(env: NodeEnv, stub: csi_pb2_grpc.NodeStub, volume: Volume, cap: csi_pb2.VolumeCapability,
             phase: Phase) -> None:
-    """The kubelet's calls for one volume, pod after pod."""
+    """The kubelet's calls for one volume, pod after pod, until the kills are over."""
     staging = env.staging()
-    marker = _marker(volume)
     cycle = 0
     while cycle < CYCLES or not phase.killing_done.is_set():
         assert cycle < MAX_CYCLES, "the kills did not finish"
-        target = env.target()
-        _retried(lambda: stub.NodeStageVolume(volume.stage_request(staging, cap), timeout=60), phase)
-        _retried(lambda: stub.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(
-            volume_id=volume.volume_id, staging_target_path=staging, target_path=target, volume_capability=cap),
-            timeout=60), phase)
-        if cycle == 0:
-            _write_marker(target, cap, marker)
-        else:
-            found = _read_marker(target, cap, len(marker))
-            assert found == marker, f"{volume.image}, cycle {cycle}: the first cycle's data is gone: {found[:80]!r}"
-        _retried(lambda: stub.NodeUnpublishVolume(csi_pb2.NodeUnpublishVolumeRequest(
-            volume_id=volume.volume_id, target_path=target), timeout=60), phase)
-        _retried(lambda: stub.NodeUnstageVolume(csi_pb2.NodeUnstageVolumeRequest(
-            volume_id=volume.volume_id, staging_target_path=staging), timeout=60), phase)
+        _cycle(stub, volume, cap, staging, env.target(), phase, first=cycle == 0)
         cycle += 1
+
+
+def _new_volumes(env: NodeEnv, stub: csi_pb2_grpc.NodeStub, make_volume: Callable[..., Volume],
+                 phase: Phase) -> list[Volume]:
+    """Volume after volume, each staged twice: the first stage formats it, so kills also land
+    inside mkfs (whose resumed stage must keep what mkfs made, or wait for it), the second
+    finds the first one's data."""
+    made: list[Volume] = []
+    while len(made) < 2 or not phase.killing_done.is_set():
+        assert len(made) < MAX_NEW_VOLUMES, "the kills did not finish"
+        fs_type, size_mb = NEW_VOLUME_KINDS[len(made) % len(NEW_VOLUME_KINDS)]
+        volume = make_volume(size_mb)
+        made.append(volume)
+        staging = env.staging()
+        for first in (True, False):
+            _cycle(stub, volume, mount_cap(fs_type), staging, env.target(), phase, first)
+    return made
 
 
 def _killer(env: NodeEnv, phase: Phase, stop: threading.Event) -> None:
@@ -159,13 +186,16 @@ def test_random_sigkills_during_stage_and_publish_cycles_keep_data_and_leave_not
         stub = csi_pb2_grpc.NodeStub(channel)
         killing.start()
         try:
-            with ThreadPoolExecutor(len(work)) as pool:
-                for done in [pool.submit(_cycles, env, stub, volume, cap, phase) for volume, cap in work]:
+            with ThreadPoolExecutor(len(work) + 1) as pool:
+                reused = [pool.submit(_cycles, env, stub, volume, cap, phase) for volume, cap in work]
+                fresh = pool.submit(_new_volumes, env, stub, make_volume, phase)
+                for done in reused:
                     done.result()
+                new_volumes = fresh.result()
         finally:
             stop.set()
             killing.join()
     assert phase.kills == KILLS
     # Without this the test could pass with every kill landing between calls.
     assert phase.interrupted > 0, "no kill landed inside a call"
-    assert_no_leftovers(env, *(volume for volume, _ in work))
+    assert_no_leftovers(env, *(volume for volume, _ in work), *new_volumes)
