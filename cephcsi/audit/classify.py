@@ -58,16 +58,17 @@ SPLIT = ("a ceph-csi volume journaled in another pool than its image (topologyCo
 
 def _split_findings(snap: Snapshot) -> list[Finding]:
     """Name keys pointing into another pool: consistent unless their record or image is gone.
-    Report only: a repair would have to lock and change two pools."""
+    A key with nothing behind it is released (the repair re-checks both pools); a record whose
+    image is gone is only reported: removing it would change two pools."""
     found: list[Finding] = []
     for name, key in sorted(snap.remote_keys.items()):
         if not key.image_pool:
             found.append(Finding(Kind.DANGLING_KEY, name, f"name key points at volume {key.uuid} in a pool that "
-                                 "no longer exists", uuid=key.uuid, name=name, why_not=SPLIT))
+                                 "no longer exists", uuid=key.uuid, name=name, fix=Fix.RELEASE_SPLIT_KEY))
         elif not key.record_pool:
             found.append(Finding(Kind.DANGLING_KEY, name, f"name key points at volume {key.uuid} in pool "
                                  f"{key.image_pool!r}, but no journal record names it", uuid=key.uuid, name=name,
-                                 why_not=SPLIT))
+                                 fix=Fix.RELEASE_SPLIT_KEY))
         elif key.image_state == "gone":
             found.append(Finding(Kind.DANGLING_RECORD, name, f"journal record {key.uuid} (in pool "
                                  f"{key.record_pool!r}) names image {key.image_name!r} in pool {key.image_pool!r}, "

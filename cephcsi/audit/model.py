@@ -57,6 +57,8 @@ class Fix(str, enum.Enum):
     """What `--repair` would do about a finding."""
 
     RELEASE_KEY = "release-key"
+    RELEASE_SPLIT_KEY = "release-split-key"
+    """A name key into another pool (ceph-csi's topology layout) that nothing is left of."""
     REMOVE_RECORD = "remove-record"
     FINISH_MOVE = "finish-trash-move-and-purge"
     PURGE = "queue-trash-purge"

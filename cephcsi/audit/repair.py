@@ -35,7 +35,7 @@ from cephcsi.ceph.errors import ceph_call
 from cephcsi.ceph.imagestate import ImageState, TrashState
 from cephcsi.errors import CephCSIError, OperationInFlight
 from cephcsi.observability.logging import fields
-from cephcsi.volumes import dependents
+from cephcsi.volumes import dependents, split_journal
 from cephcsi.volumes.journal import Hold, Journal
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 # Order of work: debris and trash first, so a record's repair then finds its image gone or queued.
 # Temporary snapshots first, while the entries that name the calls which left them still exist.
 ORDER = (Fix.REMOVE_TEMP_SNAP, Fix.REMOVE_PARTIAL, Fix.FINISH_MOVE, Fix.PURGE, Fix.TRASH_ORPHAN, Fix.REMOVE_RECORD,
-         Fix.RELEASE_KEY, Fix.COPY_METADATA)
+         Fix.RELEASE_KEY, Fix.RELEASE_SPLIT_KEY, Fix.COPY_METADATA)
 
 
 class _Resolved(Exception):
@@ -221,6 +221,32 @@ def _release_key(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
     return "released the name key"
 
 
+def _release_split_key(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
+    """A name key ceph-csi wrote for a volume in another pool, with nothing left behind it. ceph-csi
+    reserves such a volume by creating csi.volume.<uuid> in the image pool before it writes the
+    key, so while that object exists (a create may be in flight) the key stays."""
+    journal = _journal(ctx, finding)
+    raw = journal.lookup(finding.name) or ""
+    try:
+        value = split_journal.parse_name_value(raw, f"name key of {finding.name!r}") if raw else None
+    except CephCSIError:
+        value = None
+    if value is None or value.uuid != finding.uuid or not value.elsewhere(ctx.io.get_pool_id()):
+        raise _Resolved("the name key changed")
+    if journal.read(finding.uuid) is not None:
+        raise _Refused("its journal record is in this pool; inspect both pools")
+    assert value.image_pool_id is not None  # elsewhere() says so
+    image_pool = ctx.session.pool_name(value.image_pool_id)
+    if image_pool is not None:
+        obj = f"{journal.kind.record_prefix}{finding.uuid}"
+        with ctx.session.ioctx(image_pool) as image_io:
+            if omap.read(image_io, obj) is not None:
+                raise _Refused(f"pool {image_pool!r} holds {obj}, with which ceph-csi reserves the volume "
+                               "(a create may be in flight)")
+    journal.release_name(finding.name, raw)
+    return "released the name key" + (" (the pool it named is gone)" if image_pool is None else "")
+
+
 def _trash_orphan(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
     record = _journal(ctx, finding).read(finding.uuid)
     if record is not None and record.image_name == finding.image_name:
@@ -281,6 +307,7 @@ ACTIONS: dict[Fix, Callable[[RepairContext, Finding, Hold], str]] = {
     Fix.PURGE: _finish_trash,
     Fix.REMOVE_RECORD: _remove_record,
     Fix.RELEASE_KEY: _release_key,
+    Fix.RELEASE_SPLIT_KEY: _release_split_key,
     Fix.TRASH_ORPHAN: _trash_orphan,
     Fix.REMOVE_TEMP_SNAP: _remove_temp_snap,
     Fix.COPY_METADATA: _copy_metadata,

@@ -182,7 +182,7 @@ class VolumeManager:
         if image_pool is None:
             raise FailedPrecondition(
                 f"volume {request.name!r} was created by ceph-csi in pool id {value.image_pool_id}, which no longer "
-                f"exists; its name key in pool {params.pool!r} is stale: run `cephcsi audit` and remove it by hand"
+                f"exists; its name key in pool {params.pool!r} is stale: `cephcsi audit --repair` releases it"
             )
         with session.ioctx(image_pool) as image_io:
             journal = self._journal(image_io)
@@ -198,7 +198,8 @@ class VolumeManager:
                         journal.discard_orphan(uuid)  # our lock made it; nothing else is in it
                     raise FailedPrecondition(
                         f"volume {request.name!r}: its name key in pool {params.pool!r} points at {raw!r}, but neither "
-                        f"pool {params.pool!r} nor {image_pool!r} holds its journal record; run `cephcsi audit`"
+                        f"pool {params.pool!r} nor {image_pool!r} holds its journal record; `cephcsi audit --repair` "
+                        "releases the key once nothing of the volume is left"
                     )
                 record = split.record
                 if record.name != request.name:

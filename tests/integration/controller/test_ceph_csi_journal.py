@@ -10,6 +10,7 @@ import time
 import uuid
 from typing import Any
 
+import grpc
 import pytest
 
 from cephcsi._generated import csi_pb2
@@ -279,3 +280,47 @@ def test_a_ceph_csi_snapshot_journaled_in_another_pool_is_deleted_with_everythin
     for pool in (ceph_cluster.pool, ceph_cluster.pool2):
         assert _gone(ceph_cluster, pool, volume_id[-36:], volume_name) == \
             {"record": False, "name key": False, "image": False, "trash": False}, pool
+
+
+@pytest.mark.parametrize("left", ["reservation-object", "nothing", "no-pool"])
+def test_a_ceph_csi_name_key_into_another_pool_with_nothing_behind_it_is_released_by_the_audit(
+    driver: DriverProcess, ceph_cluster: CephTestCluster, left: str
+) -> None:
+    """ceph-csi's undo of a topology-constrained create removes the image pool's object before the
+    name key: killed between the two, it leaves a key no volume is behind (or one into a pool
+    since deleted). The name cannot be provisioned again until the key goes; `--repair` releases
+    it, but never while the image pool holds the uuid's object (a ceph-csi create may be in flight)."""
+    name, entry = f"pvc-{uuid.uuid4()}", str(uuid.uuid4())
+    obj = f"csi.volume.{entry}"
+    journal_client, journal_io = _admin_pool(ceph_cluster, ceph_cluster.pool)
+    image_client, image_io = _admin_pool(ceph_cluster, ceph_cluster.pool2)
+    try:
+        pool_id = 0x7FFE if left == "no-pool" else image_io.get_pool_id()
+        _omap_set(journal_io, "csi.volumes.default", {f"csi.volume.{name}": f"{pool_id:016x}/{entry}"})
+        c = driver.controller
+        with pytest.raises(grpc.RpcError) as refused:
+            c.CreateVolume(create_request(ceph_cluster, name=name), timeout=60)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "cephcsi audit --repair" in str(refused.value.details())
+        if left == "reservation-object":
+            image_io.write_full(obj, b"")
+
+        _rc, doc, _ = run_audit(ceph_cluster, driver.config_file, "--pool", ceph_cluster.pool, "--repair")
+        (finding,) = [f for f in doc["findings"] if f["subject"] == name]
+        if left == "reservation-object":
+            assert (finding["fix"], finding["repair"]["outcome"]) == ("release-split-key", "skipped"), finding
+            assert obj in finding["repair"]["action"]
+            image_io.remove_object(obj)
+            _rc, doc, _ = run_audit(ceph_cluster, driver.config_file, "--pool", ceph_cluster.pool, "--repair")
+            (finding,) = [f for f in doc["findings"] if f["subject"] == name]
+        assert (finding["fix"], finding["repair"]["outcome"]) == ("release-split-key", "repaired"), finding
+        assert journal_entries(ceph_cluster, name)[0] is None
+        assert not _journal_objects(ceph_cluster, ceph_cluster.pool, entry, name)["record"], "the audit's lock left nothing"
+
+        volume = c.CreateVolume(create_request(ceph_cluster, name=name), timeout=60).volume  # the name is free again
+        assert VolumeId.decode(volume.volume_id).pool_id == journal_io.get_pool_id()
+        c.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume.volume_id, secrets=ceph_cluster.secrets), timeout=60)
+    finally:
+        for io, client in ((journal_io, journal_client), (image_io, image_client)):
+            io.close()
+            client.shutdown()

@@ -261,10 +261,16 @@ def test_a_split_volume_whose_image_is_gone_is_reported_never_repaired() -> None
                    remote_keys={"pvc-2": RemoteKeyView("pvc-2", U2, "topo", "rbd", IMG2, "gone")})
     finding = only(snap, Kind.DANGLING_RECORD)
     assert finding.fix is None and "another pool" in finding.why_not
-    unresolved = replace(snap, records=healthy().records,
-                         remote_keys={"pvc-2": RemoteKeyView("pvc-2", U2, "topo")})
-    finding = only(unresolved, Kind.DANGLING_KEY)
-    assert finding.fix is None and "topo" in finding.detail
+
+
+@pytest.mark.parametrize("image_pool", ["topo", ""], ids=["no-record", "pool-gone"])
+def test_a_split_name_key_with_nothing_behind_it_is_released(image_pool: str) -> None:
+    from cephcsi.audit.model import RemoteKeyView
+
+    snap = replace(healthy(), remote_keys={"pvc-2": RemoteKeyView("pvc-2", U2, image_pool)})
+    finding = only(snap, Kind.DANGLING_KEY)
+    assert (finding.fix, finding.name, finding.uuid) == (Fix.RELEASE_SPLIT_KEY, "pvc-2", U2)
+    assert (image_pool or "no longer exists") in finding.detail
 
 
 def test_the_image_pools_empty_object_and_image_of_a_split_volume_are_not_debris() -> None:
