@@ -12,9 +12,12 @@ from typing import Any
 
 import kubernetes.client
 import pytest
+import rados
 import rbd
 
 from cephcsi._generated import csi_pb2
+from cephcsi.volumes.snapshots import CREATED, SOURCE_VOLUME_ID
+from cephcsi.volumes.sources import FINISHED_SIZE
 from tests.controlplane import snapshot_crds
 from tests.controlplane.snapshot_crds import GROUP, VERSION, snapshotter_build
 from tests.integration.controller.pool_state import admin_ioctx
@@ -147,10 +150,13 @@ def test_snapshot_restore_clone_and_delete(env: Env, start_controllers: StartCon
     wait_for("claims gone", lambda: not env.kube.pvcs(ns), timeout=90)
 
 
+@pytest.mark.parametrize("made_by", ["cephcsi", "ceph-csi"])
 def test_pre_provisioned_content_is_imported(env: Env, start_controllers: StartControllers, snapshot_controller: None,
-                                            kube_namespace: str) -> None:
+                                            kube_namespace: str, made_by: str) -> None:
     """A content naming an existing snapshot (here made through CSI) gets its status from
-    ListSnapshots; with policy Delete, deleting the VolumeSnapshot deletes the snapshot."""
+    ListSnapshots; with policy Delete, deleting the VolumeSnapshot deletes the snapshot. A backup
+    tool's restore does this with the handles it saved, also of snapshots ceph-csi made before
+    the switch: their records name only the source's image (what cephcsi adds is taken away)."""
     controller = start_controllers()[0]
     api = Snapshots(env)
     storage_class = env.kube.create_storage_class(env.ceph, env.secret, prefix=new_prefix())
@@ -160,6 +166,10 @@ def test_pre_provisioned_content_is_imported(env: Env, start_controllers: StartC
     volume_id = (env.kube.pv((env.kube.pvc(ns, "src") or {})["spec"]["volumeName"]) or {})["spec"]["csi"]["volumeHandle"]
     made = controller.controller.CreateSnapshot(csi_pb2.CreateSnapshotRequest(
         name=f"static-{uuid.uuid4()}", source_volume_id=volume_id, secrets=env.ceph.secrets), timeout=60).snapshot
+    if made_by == "ceph-csi":
+        with admin_ioctx(env.ceph) as io, rados.WriteOpCtx() as op:
+            io.remove_omap_keys(op, (SOURCE_VOLUME_ID, CREATED, FINISHED_SIZE))
+            io.operate_write_op(op, f"csi.snap.{made.snapshot_id[-36:]}")
     content_name = f"static-{uuid.uuid4().hex[:8]}"
     api.custom.create_cluster_custom_object(GROUP, VERSION, "volumesnapshotcontents", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "VolumeSnapshotContent",
