@@ -102,22 +102,13 @@ def read_probe(path: str, length: int = 64 * 1024, exclusive: bool = False) -> N
     """Read the start of a device, so that 'nothing found' from blkid can be trusted to mean
     an empty device and not an unreadable one (blkid reports both the same way).
 
-    `exclusive` (before a format or a mount) opens it with O_EXCL, which on a block device
-    claims it as mount and mkfs do: while something else holds it claimed, what a probe finds
-    may change under it. The case that matters is an mkfs whose plugin was killed mid-stage
-    and which is still writing (the plugin runs with hostPID, so its children outlive it):
-    blkid finds nothing until mkfs writes its superblock at the end. That is ABORTED, for the
-    kubelet to retry once the holder is done, naming the holder."""
-    flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_EXCL if exclusive else 0)
+    `exclusive` (before a format): first `require_unclaimed`, so what the probe finds cannot
+    change under it."""
+    if exclusive:
+        require_unclaimed(path)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as error:
-        if error.errno == errno.EBUSY and exclusive:
-            holders = ", ".join(openers(path)) or "a mount or another block device (no process has it open)"
-            raise OperationInFlight(
-                f"device {path} is claimed by {holders}; it is neither probed nor formatted nor mounted while "
-                "claimed (an mkfs interrupted by a plugin restart finishes on its own): retry"
-            ) from None
         raise Internal(f"cannot open device {path} to probe it: {error.strerror}") from None
     try:
         os.read(fd, length)
@@ -125,6 +116,28 @@ def read_probe(path: str, length: int = 64 * 1024, exclusive: bool = False) -> N
         raise Internal(f"cannot read device {path} (I/O to the image fails): {error.strerror}") from None
     finally:
         os.close(fd)
+
+
+def require_unclaimed(path: str) -> None:
+    """ABORTED while something else holds the device claimed; call before a format or a mount.
+
+    Opening a block device with O_EXCL claims it, as mount, mkfs and an offline resize2fs do,
+    and fails with EBUSY while another holder has it. The holder that matters is one of ours
+    that a killed plugin left running (the plugin runs with hostPID, so its children outlive
+    it): an mkfs, which blkid cannot see until it writes its superblock at the end, or an
+    offline resize2fs. Formatting or mounting under either would corrupt what it writes; the
+    kubelet retries once it is done. The message names the holder."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_EXCL)
+    except OSError as error:
+        if error.errno != errno.EBUSY:
+            raise Internal(f"cannot open device {path}: {error.strerror}") from None
+        holders = ", ".join(openers(path)) or "a mount or another block device (no process has it open)"
+        raise OperationInFlight(
+            f"device {path} is claimed by {holders}; it is neither probed nor formatted nor mounted while "
+            "claimed (an mkfs or resize2fs interrupted by a plugin restart finishes on its own): retry"
+        ) from None
+    os.close(fd)
 
 
 def openers(path: str) -> list[str]:

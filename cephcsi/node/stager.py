@@ -85,7 +85,7 @@ class Stager:
         try:
             self._stage_steps(record, request, created)
         except OperationInFlight:
-            # The device is claimed by a holder still at work (devices.read_probe): tearing the
+            # The device is claimed by a holder still at work (devices.require_unclaimed): tearing the
             # mapping down under it helps nobody; the retry uses it, the record lets unstage undo it.
             raise
         except Exception:
@@ -275,6 +275,7 @@ class Stager:
                 )
             return
         _mkdir(target)
+        devices.require_unclaimed(record.device)
         if self.before_mount is not None:
             self.before_mount(record)  # unmounted here, and mounted nowhere else (our stage)
         options = filesystems.mount_options(record.fs_type, record.mount_flags, record.read_only)

@@ -131,14 +131,17 @@ def test_crash_after_map_before_mount_then_stage_resumes(env: NodeEnv, make_volu
     _restage_finds_the_data_and_unstage_leaves_nothing(env, volume, staging, target)
 
 
-def test_resumed_stage_waits_for_an_interrupted_mkfs_still_running(env: NodeEnv, make_volume) -> None:  # type: ignore[no-untyped-def]
-    """A plugin killed during mkfs leaves mkfs running (hostPID: children outlive the plugin),
-    and blkid finds nothing until mkfs writes its superblock last. While it runs, a resumed stage
-    must neither probe-and-format nor mount, nor pull the mapping from under it: ABORTED, naming
-    the holder. This process stands in for that mkfs by claiming the device as mkfs does (O_EXCL)."""
+@pytest.mark.parametrize("record", [{"formatted": False, "mkfs_started": True}, {}], ids=["mkfs", "resize2fs"])
+def test_resumed_stage_waits_for_an_interrupted_command_still_running(env: NodeEnv, make_volume,  # type: ignore[no-untyped-def]
+                                                                      record: dict[str, object]) -> None:
+    """A plugin killed during mkfs (or the offline resize2fs that grows a filesystem before its
+    mount) leaves it running (hostPID: children outlive the plugin), and blkid finds nothing until
+    mkfs writes its superblock last. While it runs, a resumed stage must neither probe-and-format
+    nor mount, nor pull the mapping from under it: ABORTED, naming the holder. This process stands
+    in for that command by claiming the device as both do (O_EXCL)."""
     volume: Volume = make_volume()
     staging, target = env.staging(), env.target()
-    _killed_before_mount(env, volume, staging, target, formatted=False, mkfs_started=True)
+    _killed_before_mount(env, volume, staging, target, **record)
     (device,) = loops_under(env.root)
     claim = os.open(device, os.O_RDONLY | os.O_EXCL)
     try:
