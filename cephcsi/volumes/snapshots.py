@@ -30,7 +30,7 @@ from cephcsi.ceph import images, layering
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.errors import ceph_call
-from cephcsi.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, OperationInFlight
+from cephcsi.errors import AlreadyExists, CephCSIError, FailedPrecondition, InvalidArgument, NotFound, OperationInFlight
 from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import failpoints, flatten, sources, split_journal
@@ -251,10 +251,13 @@ class SnapshotManager:
         except NotFound:
             pass  # the source is gone, and its temporary snapshot went with it (or to the trash)
 
-    def _describe(self, session: Session, io: rados.Ioctx, pool: str, snapshots: Journal, record: Record,
+    def _describe(self, session: Session, io: rados.Ioctx, pool: str, snapshots: Journal | None, record: Record,
                   shape: _Shape, queue: bool) -> Snapshot:
-        """The snapshot as CSI reports it; with `queue`, apply the flatten policy to it."""
+        """The snapshot as CSI reports it; with `queue`, apply the flatten policy to it.
+        `snapshots`: the journal holding `record`, where a missing image id is filled in; None
+        for a record in another pool (ceph-csi's split layout), which is left as it is."""
         if queue:
+            assert snapshots is not None  # CreateSnapshot writes only its own records
             placement = flatten.Placement(pool, io.get_namespace(), record.image_name)
             chain = flatten.after_create(session, io, shape.image_id, placement, self.policy)
             # CreateSnapshot, under the snapshot's lease: what lets a restore skip opening the image.
@@ -262,7 +265,7 @@ class SnapshotManager:
                 snapshots.update(record.uuid, {IMAGE_ID: shape.image_id, sources.FINISHED_SIZE: str(shape.size)})
         else:
             chain = layering.depth(session, io, shape.image_id)
-            if not record.image_id:
+            if not record.image_id and snapshots is not None:
                 snapshots.set_image_id(record.uuid, shape.image_id)
         # ceph-csi journals no creation time: its snapshot answers with the restore point's.
         created = float(record.get(CREATED) or shape.cut_at or time.time())
@@ -314,22 +317,50 @@ class SnapshotManager:
     # ---- lookups for ListSnapshots and restores -----------------------------------------------------------
 
     def describe(self, session: Session, io: rados.Ioctx, pool: str, uuid: str) -> Snapshot | None:
-        """A finished snapshot by uuid (None if absent or still being cut)."""
+        """A finished snapshot by uuid (None if absent or still being cut), `pool` being the one
+        its id names: its image's, also when ceph-csi journaled it in another (split_journal)."""
         _, snapshots = self._journals(io, session)
         record = snapshots.read(uuid)
+        writable: Journal | None = snapshots
+        if record is None or record.get(JOURNAL_POOL):
+            try:
+                split = split_journal.locate(session, io, pool, SNAPSHOTS, uuid)
+            except CephCSIError as error:
+                log.info("snapshot journaled in another pool cannot be read; not listed",
+                         extra=fields(pool=pool, uuid=uuid, error=error.message))
+                return None
+            if split is not None:
+                record = split.record
+                writable = snapshots if split.record_pool == pool else None
         if record is None or not (record.get(SOURCE_VOLUME_ID) or _source_of_ceph_csi_snapshot(session, io, record)):
             return None
         shape = self._restore_point(io, record.image_name)
         if shape is None:
             return None
-        return self._describe(session, io, pool, snapshots, record, shape, queue=False)
+        return self._describe(session, io, pool, writable, record, shape, queue=False)
 
     def all_in_pool(self, session: Session, io: rados.Ioctx, pool: str) -> list[Snapshot]:
+        """The snapshots this pool's snapshot journal names, including those ceph-csi journaled
+        here with their image in another pool (a `<pool id>/<uuid>` key)."""
         _, snapshots = self._journals(io, session)
-        # A value of ceph-csi's <pool id>/<uuid> form names a snapshot in another pool: not listed here.
-        plain = {uuid for uuid in snapshots.uuids().values() if "/" not in uuid}
-        found = [self.describe(session, io, pool, uuid) for uuid in sorted(plain)]
+        values = set(snapshots.uuids().values())
+        found = [self.describe(session, io, pool, uuid) for uuid in sorted(v for v in values if "/" not in v)]
+        found.extend(self._describe_elsewhere(session, io, value) for value in sorted(v for v in values if "/" in v))
         return [s for s in found if s is not None]
+
+    def _describe_elsewhere(self, session: Session, io: rados.Ioctx, raw: str) -> Snapshot | None:
+        try:
+            value = parse_name_value(raw, "snapshot name key")
+        except CephCSIError:
+            return None  # reported by `cephcsi audit`
+        image_pool = session.pool_name(value.image_pool_id) if value.image_pool_id is not None else None
+        if image_pool is None:
+            return None
+        try:
+            with session.ioctx(image_pool, io.get_namespace()) as image_io:
+                return self.describe(session, image_io, image_pool, value.uuid)
+        except NotFound:
+            return None  # the pool went away since the line above
 
 
 @dataclass(frozen=True)

@@ -262,6 +262,13 @@ def test_a_ceph_csi_snapshot_journaled_in_another_pool_is_deleted_with_everythin
         assert not [f for f in doc["findings"] if snap_uuid in json.dumps(f)], (pool, doc["findings"])
     assert _journal_objects(ceph_cluster, ceph_cluster.pool2, snap_uuid, name, snapshot=True)["record"]
     c = driver.controller
+    # Listed by id (the snapshotter's check of a pre-provisioned content) and in the full
+    # listing, once, with the split volume as its source.
+    by_id = csi_pb2.ListSnapshotsRequest(snapshot_id=snapshot_id, secrets=ceph_cluster.secrets)
+    everything = csi_pb2.ListSnapshotsRequest(secrets=ceph_cluster.secrets)
+    for entries in (c.ListSnapshots(by_id, timeout=60).entries, c.ListSnapshots(everything, timeout=60).entries):
+        (listed,) = [e.snapshot for e in entries if e.snapshot.snapshot_id == snapshot_id]
+        assert (listed.source_volume_id, listed.size_bytes, listed.ready_to_use) == (volume_id, 8 * MiB, True)
     restored = c.CreateVolume(from_snapshot(ceph_cluster, snapshot_id, size=16 * MiB), timeout=60).volume
     assert restored.capacity_bytes == 16 * MiB
     assert restored.content_source.snapshot.snapshot_id == snapshot_id
@@ -275,6 +282,7 @@ def test_a_ceph_csi_snapshot_journaled_in_another_pool_is_deleted_with_everythin
         for pool in (ceph_cluster.pool, ceph_cluster.pool2):
             assert _gone(ceph_cluster, pool, snap_uuid, name, snapshot=True) == \
                 {"record": False, "name key": False, "image": False, "trash": False}, (pool, image)
+        assert not c.ListSnapshots(by_id, timeout=60).entries
     driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=ceph_cluster.secrets),
                                    timeout=60)
     for pool in (ceph_cluster.pool, ceph_cluster.pool2):
