@@ -16,6 +16,7 @@ import struct
 import time
 
 from cephcsi.errors import DeadlineExceeded, Internal, OperationInFlight
+from cephcsi.node import mounts
 from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)
@@ -132,12 +133,25 @@ def require_unclaimed(path: str) -> None:
     except OSError as error:
         if error.errno != errno.EBUSY:
             raise Internal(f"cannot open device {path}: {error.strerror}") from None
-        holders = ", ".join(openers(path)) or "a mount or another block device (no process has it open)"
+        if _mounted(path):
+            # The claim is a mount of this very device: another staging of the same image,
+            # which krbd maps once per node. Mounting it again shares that filesystem, as it
+            # always did; only a claim without a mount is one of the commands above.
+            return
+        holders = ", ".join(openers(path)) or "another block device or a mount this plugin cannot see"
         raise OperationInFlight(
             f"device {path} is claimed by {holders}; it is neither probed nor formatted nor mounted while "
             "claimed (an mkfs or resize2fs interrupted by a plugin restart finishes on its own): retry"
         ) from None
     os.close(fd)
+
+
+def _mounted(path: str) -> bool:
+    try:
+        numbers = device_numbers(path)
+    except OSError:
+        return False
+    return any((entry.major, entry.minor) == numbers for entry in mounts.read_mounts())
 
 
 def openers(path: str) -> list[str]:
