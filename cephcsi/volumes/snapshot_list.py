@@ -17,6 +17,8 @@ from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import CephCSIError, InvalidArgument, NotFound, OperationInFlight
 from cephcsi.observability.logging import fields
+from cephcsi.volumes import split_journal
+from cephcsi.volumes.journal import VOLUMES
 from cephcsi.volumes.snapshots import Snapshot, SnapshotManager
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
@@ -96,6 +98,8 @@ def _by_id(manager: SnapshotManager, text: str, credentials: Credentials) -> lis
 
 
 def _in_pool_of(manager: SnapshotManager, entry_id: VolumeId, credentials: Credentials) -> list[Snapshot]:
+    """The snapshots journaled in the source volume's pool, and in the pool ceph-csi journaled it
+    in when it split a topology-constrained volume (its snapshots' keys are there too)."""
     try:
         cluster = manager.volumes.clusters.get(entry_id.cluster_id)
     except NotFound:
@@ -105,7 +109,19 @@ def _in_pool_of(manager: SnapshotManager, entry_id: VolumeId, credentials: Crede
         if pool is None:
             return []
         with session.ioctx(pool) as io:
-            return manager.all_in_pool(session, io, pool)
+            found = manager.all_in_pool(session, io, pool)
+            journal_pool = _split_journal_pool(session, io, pool, entry_id.object_uuid)
+        if journal_pool is not None:
+            found.extend(_pool_snapshots(manager, session, journal_pool))
+        return found
+
+
+def _split_journal_pool(session: Session, io: rados.Ioctx, pool: str, volume_uuid: str) -> str | None:
+    try:
+        split = split_journal.locate(session, io, pool, VOLUMES, volume_uuid)
+    except CephCSIError:
+        return None  # a broken split journal: `cephcsi audit` reports it
+    return split.journal_pool if split is not None and split.journal_pool != pool else None
 
 
 def _everywhere(manager: SnapshotManager, credentials: Credentials) -> list[Snapshot]:

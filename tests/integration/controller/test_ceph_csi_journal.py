@@ -262,11 +262,13 @@ def test_a_ceph_csi_snapshot_journaled_in_another_pool_is_deleted_with_everythin
         assert not [f for f in doc["findings"] if snap_uuid in json.dumps(f)], (pool, doc["findings"])
     assert _journal_objects(ceph_cluster, ceph_cluster.pool2, snap_uuid, name, snapshot=True)["record"]
     c = driver.controller
-    # Listed by id (the snapshotter's check of a pre-provisioned content) and in the full
-    # listing, once, with the split volume as its source.
+    # Listed by id (the snapshotter's check of a pre-provisioned content), by source and in the
+    # full listing, once, with the split volume as its source.
     by_id = csi_pb2.ListSnapshotsRequest(snapshot_id=snapshot_id, secrets=ceph_cluster.secrets)
+    by_source = csi_pb2.ListSnapshotsRequest(source_volume_id=volume_id, secrets=ceph_cluster.secrets)
     everything = csi_pb2.ListSnapshotsRequest(secrets=ceph_cluster.secrets)
-    for entries in (c.ListSnapshots(by_id, timeout=60).entries, c.ListSnapshots(everything, timeout=60).entries):
+    for request in (by_id, by_source, everything):
+        entries = c.ListSnapshots(request, timeout=60).entries
         (listed,) = [e.snapshot for e in entries if e.snapshot.snapshot_id == snapshot_id]
         assert (listed.source_volume_id, listed.size_bytes, listed.ready_to_use) == (volume_id, 8 * MiB, True)
     restored = c.CreateVolume(from_snapshot(ceph_cluster, snapshot_id, size=16 * MiB), timeout=60).volume
