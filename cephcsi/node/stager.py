@@ -9,7 +9,7 @@ to repair an already complete stage only undoes what that attempt itself created
 
 Unstage trusts nothing blindly: the device in the record is checked against the live system
 (mapper.find), mounts against /proc/self/mountinfo, and if the record is missing the staging
-mounts and the fuse work directory are re-derived from the system. It refuses, with
+mounts and the fuse work directory are re-derived from the system (rederive.py). It refuses, with
 FAILED_PRECONDITION, while the volume is still published somewhere under the kubelet dir.
 """
 from __future__ import annotations
@@ -20,12 +20,11 @@ from collections.abc import Callable, Mapping
 
 from cephcsi.config.read_affinity import ReadAffinity
 from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, OperationInFlight
-from cephcsi.node import devices, filesystems, legacy_stage, mounts, stage_record
+from cephcsi.node import devices, filesystems, legacy_stage, mounts, rederive, stage_record
 from cephcsi.node.exec import Runner
 from cephcsi.node.mappers import options as map_options, read_affinity
-from cephcsi.node.mappers.base import FUSE, KRBD, NBD, Mapper, MapRequest
+from cephcsi.node.mappers.base import FUSE, KRBD, Mapper, MapRequest
 from cephcsi.node.mappers.fuse import FuseMapper
-from cephcsi.node.mappers.rbd_cli import RbdDeviceMapper
 from cephcsi.node.mappers.select import MapperChoice
 from cephcsi.node.requests import StageRequest
 from cephcsi.node.stage_record import ACCESS_BLOCK, ACCESS_MOUNT, BLOCK_FILE, FS_DIR, StageRecord
@@ -49,7 +48,7 @@ class Stager:
         before_mount: Callable[[StageRecord], None] | None = None,
         crush_location: Callable[[ReadAffinity], read_affinity.CrushLocation] | None = None,
     ) -> None:
-        self.mappers: dict[str, Mapper] = {**mappers, _NO_MAPPER: NoMapper()}
+        self.mappers: dict[str, Mapper] = {**mappers, rederive.NO_MAPPER: rederive.NoMapper()}
         self.choice = choice
         self.mounter = mounter
         self.run = runner
@@ -328,7 +327,7 @@ class Stager:
 
     def unstage(self, volume_id: str, staging_path: str) -> None:
         if not os.path.isdir(staging_path):
-            record = self._rederive(volume_id, staging_path)
+            record = rederive.record_from_system(self.mappers, self.read_mounts(), volume_id, staging_path)
             if record is None:
                 return
         else:
@@ -337,7 +336,7 @@ class Stager:
                 legacy_stage.LegacyUnstager(self.mappers, self.mounter, self.kubelet_dir, self.read_mounts).unstage(
                     volume_id, staging_path)
                 return
-            record = record or self._rederive(volume_id, staging_path)
+            record = record or rederive.record_from_system(self.mappers, self.read_mounts(), volume_id, staging_path)
             if record is None:
                 _remove_leftovers(staging_path)
                 return
@@ -373,81 +372,6 @@ class Stager:
             others = [e for e in others if e.mount_point.startswith(root)]
         staging_root = os.path.realpath(os.path.dirname(anchor.mount_point)).rstrip("/") + "/"
         return [e.mount_point for e in others if not e.mount_point.startswith(staging_root)]
-
-    def _rederive(self, volume_id: str, staging_path: str) -> StageRecord | None:
-        """A stand-in record built from the system when the real one is missing."""
-        table = self.read_mounts()
-        fuse = self.mappers.get(FUSE)
-        work_dir = fuse.work_dir_for(volume_id, staging_path) if fuse is not None else ""
-        for access_type, name in ((ACCESS_MOUNT, FS_DIR), (ACCESS_BLOCK, BLOCK_FILE)):
-            entry = mounts.top_mount(os.path.join(staging_path, name), table)
-            if entry is None:
-                continue
-            device = entry.source if access_type == ACCESS_MOUNT else "/dev" + entry.root
-            record = self._record_for_device(volume_id, staging_path, access_type, device, work_dir)
-            if record is not None:
-                log.warning("stage record missing; re-derived from the mount table", extra=fields(device=device))
-                return record
-        if work_dir and os.path.isdir(work_dir):
-            log.warning("stage record missing; found the fuse work directory", extra=fields(path=work_dir))
-            return self._bare_record(volume_id, staging_path, ACCESS_MOUNT, FUSE, "", work_dir)
-        return None
-
-    def _record_for_device(
-        self, volume_id: str, staging_path: str, access_type: str, device: str, work_dir: str
-    ) -> StageRecord | None:
-        name = os.path.basename(device)
-        if name.startswith("loop") and work_dir:
-            return self._bare_record(volume_id, staging_path, access_type, FUSE, device, work_dir)
-        for mapper_name, prefix in ((KRBD, "rbd"), (NBD, "nbd")):
-            mapper = self.mappers.get(mapper_name)
-            if name.startswith(prefix) and isinstance(mapper, RbdDeviceMapper):
-                for item in mapper.mapped():
-                    if item.get("device") == device:
-                        record = self._bare_record(volume_id, staging_path, access_type, mapper_name, device, "")
-                        record.pool = str(item.get("pool") or "")
-                        record.namespace = str(item.get("namespace") or "")
-                        record.image = mapper.listed_image(item)
-                        return record
-        # Unknown device: unmount only; never unmap something we cannot attribute to this volume.
-        return self._bare_record(volume_id, staging_path, access_type, "", device, "")
-
-    def _bare_record(
-        self, volume_id: str, staging_path: str, access_type: str, mapper: str, device: str, work_dir: str
-    ) -> StageRecord:
-        return StageRecord(
-            volume_id=volume_id,
-            staging_path=staging_path,
-            cluster_id="",
-            pool="",
-            image="",
-            namespace="",
-            mapper=mapper or _NO_MAPPER,
-            access_type=access_type,
-            work_dir=work_dir,
-            device=device,
-        )
-
-
-_NO_MAPPER = "none"
-
-
-class NoMapper:
-    """Stand-in for re-derived mounts whose device we cannot attribute: nothing to unmap."""
-
-    name = _NO_MAPPER
-
-    def work_dir_for(self, volume_id: str, staging_path: str) -> str:
-        return ""
-
-    def map(self, request: MapRequest) -> str:
-        raise Internal("no mapper")
-
-    def find(self, record: StageRecord) -> str | None:
-        return None
-
-    def unmap(self, record: StageRecord) -> None:
-        return None
 
 
 def _device_numbers(device: str) -> tuple[int, int]:
