@@ -99,14 +99,9 @@ def _wait_udev(path: str, timeout: float) -> None:
         monitor.poll(timeout=min(remaining, 0.5))
 
 
-def read_probe(path: str, length: int = 64 * 1024, exclusive: bool = False) -> None:
+def read_probe(path: str, length: int = 64 * 1024) -> None:
     """Read the start of a device, so that 'nothing found' from blkid can be trusted to mean
-    an empty device and not an unreadable one (blkid reports both the same way).
-
-    `exclusive` (before a format): first `require_unclaimed`, so what the probe finds cannot
-    change under it."""
-    if exclusive:
-        require_unclaimed(path)
+    an empty device and not an unreadable one (blkid reports both the same way)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as error:

@@ -78,9 +78,8 @@ def parse_blkid_export(text: str) -> dict[str, str]:
     return values
 
 
-def probe(runner: Runner, device: str, timeout: float, exclusive: bool = False) -> Probe:
-    """What the device holds. `exclusive`: before a format or a mount (devices.read_probe)."""
-    devices.read_probe(device, exclusive=exclusive)
+def probe(runner: Runner, device: str, timeout: float) -> Probe:
+    devices.read_probe(device)
     # Exit 2: nothing found. Other non-zero codes (e.g. 8, ambivalent result: several
     # signatures) mean something is there, which we must not format over.
     result = runner(
@@ -192,7 +191,7 @@ def ensure_filesystem(
     what is logged and the advice in the refusal.
     """
     subject = f"volume {volume} (device {device})" if volume else f"device {device}"
-    found = probe(runner, device, timeout, exclusive=True)
+    found = probe(runner, device, timeout)
     if found.fs_type == fs_type:
         _log_kept(subject, found, interrupted_uuid)
         return False

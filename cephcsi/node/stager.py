@@ -189,6 +189,9 @@ class Stager:
             stage_record.save(record)
         # 2. filesystem, 3. mount
         if record.access_type == ACCESS_MOUNT:
+            # Neither probe-and-format nor mount while a command a killed plugin left running
+            # (mkfs, an offline resize2fs) still claims the device.
+            devices.require_unclaimed(record.device)
             self._ensure_filesystem(record, request)
             self._ensure_fs_mount(record, created)
         else:
@@ -202,7 +205,7 @@ class Stager:
         if record.formatted:
             return
         if record.read_only:
-            found = filesystems.probe(self.run, record.device, self.timeout, exclusive=True)
+            found = filesystems.probe(self.run, record.device, self.timeout)
             if found.fs_type != record.fs_type:
                 raise FailedPrecondition(
                     f"read-only volume {record.volume_id} holds {found.fs_type or found.other or 'no filesystem'}, "
@@ -274,7 +277,6 @@ class Stager:
                 )
             return
         _mkdir(target)
-        devices.require_unclaimed(record.device)
         if self.before_mount is not None:
             self.before_mount(record)  # unmounted here, and mounted nowhere else (our stage)
         options = filesystems.mount_options(record.fs_type, record.mount_flags, record.read_only)

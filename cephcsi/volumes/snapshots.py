@@ -319,19 +319,16 @@ class SnapshotManager:
     def describe(self, session: Session, io: rados.Ioctx, pool: str, uuid: str) -> Snapshot | None:
         """A finished snapshot by uuid (None if absent or still being cut), `pool` being the one
         its id names: its image's, also when ceph-csi journaled it in another (split_journal)."""
-        _, snapshots = self._journals(io, session)
-        record = snapshots.read(uuid)
-        writable: Journal | None = snapshots
-        if record is None or record.get(JOURNAL_POOL):
-            try:
-                split = split_journal.locate(session, io, pool, SNAPSHOTS, uuid)
-            except CephCSIError as error:
-                log.info("snapshot journaled in another pool cannot be read; not listed",
-                         extra=fields(pool=pool, uuid=uuid, error=error.message))
-                return None
-            if split is not None:
-                record = split.record
-                writable = snapshots if split.record_pool == pool else None
+        v = self.volumes
+        snapshots = sources.snapshot_journal(io, v.instance_id, v.journal_lock_seconds, session)
+        try:
+            record = snapshots.read(uuid)  # wherever ceph-csi journaled it
+        except CephCSIError as error:
+            log.info("snapshot journaled in another pool cannot be read; not listed",
+                     extra=fields(pool=pool, uuid=uuid, error=error.message))
+            return None
+        # ceph-csi's split records are read, never written.
+        writable = None if record is not None and record.get(JOURNAL_POOL) else snapshots
         if record is None or not (record.get(SOURCE_VOLUME_ID) or _source_of_ceph_csi_snapshot(session, io, record)):
             return None
         shape = self._restore_point(io, record.image_name)

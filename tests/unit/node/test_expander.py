@@ -121,7 +121,7 @@ def test_unexpected_filesystem_is_never_touched(tmp_path: Path) -> None:
     node.fs = None  # the superblock is not ext4's
     node.runner.respond = lambda argv: (0, "TYPE=xfs\nUSAGE=filesystem\n", "") if argv[0] == "blkid" else None
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("cephcsi.node.devices.read_probe", lambda path, exclusive=False: None)
+        patch.setattr("cephcsi.node.devices.read_probe", lambda path: None)
         with pytest.raises(FailedPrecondition, match="holds xfs, not the ext4"):
             node.expand(128 * MiB)
     assert [a[0] for a in node.runner.argvs()] == ["blkid"]
