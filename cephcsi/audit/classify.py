@@ -189,7 +189,10 @@ def image_findings(snap: Snapshot) -> list[Finding]:
             found.append(_partial_create(name, image_id, uuid, journal))
         elif uuid and journal and name not in claimed and name in snap.id_objects:
             found.append(replace(_orphan_image(snap, name, image_id, uuid, journal), journal=journal))
-    reachable = set(snap.directory.values()) | set(snap.id_objects.values()) | set(trash)
+    # A header written under a record's planned id is that record's: a killed create's, which
+    # the record's own finding settles (repair.remove_record), not a stray one.
+    planned = {r.planned_image_id for r in snap.records.values() if r.planned_image_id and not r.image_id}
+    reachable = set(snap.directory.values()) | set(snap.id_objects.values()) | set(trash) | planned
     for image_id in sorted(snap.headers - reachable):
         found.append(Finding(Kind.STRAY_HEADER, f"rbd_header.{image_id}", "image header with no name and no "
                              "trash entry (it may hold data)", image_id=image_id, ours=False, journal=None,

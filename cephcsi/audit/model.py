@@ -91,6 +91,9 @@ class RecordView:
     """Snapshot records: csi.source, the image of the volume the snapshot was cut from."""
     pending_metadata: tuple[tuple[str, str], ...] = ()
     """Volume records: image metadata kept until it is on the image (journal.PENDING_METADATA)."""
+    planned_image_id: str = ""
+    """Volume records: the id a create killed before its release planned for the image it wrote
+    itself (journal.PLANNED_IMAGE_ID); any of that image's objects may exist."""
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,16 @@ from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import CephCSIError, Internal
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import dependents, split_journal
-from cephcsi.volumes.journal import IMAGE_ID, IMAGE_NAME, SNAPSHOTS, SOURCE, VOLUMES, JournalKind, pending_metadata_in
+from cephcsi.volumes.journal import (
+    IMAGE_ID,
+    IMAGE_NAME,
+    PLANNED_IMAGE_ID,
+    SNAPSHOTS,
+    SOURCE,
+    VOLUMES,
+    JournalKind,
+    pending_metadata_in,
+)
 from cephcsi.volumes.split_journal import JOURNAL_POOL, NameValue, encode_pool_id, parse_name_value, parse_pool_id
 
 log = logging.getLogger(__name__)
@@ -196,7 +205,8 @@ def _record_view(uuid: str, values: dict[str, str], kind: JournalKind = VOLUMES)
     image_name = values.get(IMAGE_NAME, "") or (f"{kind.default_image_prefix}{uuid}" if name else "")
     pending = tuple(sorted(pending_metadata_in(values.items()).items())) if kind is VOLUMES else ()
     return RecordView(uuid, name, image_name, values.get(IMAGE_ID, ""), values.get(JOURNAL_POOL, ""),
-                      values.get(SOURCE, "") if kind is not VOLUMES else "", pending)
+                      values.get(SOURCE, "") if kind is not VOLUMES else "", pending,
+                      values.get(PLANNED_IMAGE_ID, "") if kind is VOLUMES else "")
 
 
 def read_id_objects(io: rados.Ioctx, names: list[str], directory: dict[str, str]) -> dict[str, str]:

@@ -73,7 +73,7 @@ class Batch:
 
     io: rados.Ioctx
     _pending: list[Pending[Any]] = field(default_factory=list)
-    _ops: list[rados.ReadOp] = field(default_factory=list)
+    _ops: list[rados.ReadOp | rados.WriteOp] = field(default_factory=list)
 
     def omap(self, obj: str, keys: tuple[str, ...] | None = None,
              after_writes: bool = False) -> Pending[dict[str, bytes] | None]:
@@ -131,6 +131,26 @@ class Batch:
         pending.decode = lambda: box[0] if box else b""
         with ceph_call(pending.what, pending.where):
             pending.completion = self.io.aio_execute(obj, cls, method, data, oncomplete=done)
+        self._pending.append(pending)
+        return pending
+
+    def write(self, obj: str, what: str, steps: Callable[[rados.WriteOp], None],
+              answers: dict[int, bool | None] | None = None) -> Pending[bool | None]:
+        """A write op built by `steps` (e.g. an exclusive create and a class call): True once
+        applied; a negative return value listed in `answers` reads as its value instead of
+        raising (EEXIST from an exclusive create, say)."""
+        op = rados.WriteOp()
+        op.create()
+        pending: Pending[bool | None] = Pending(what, f"object {obj!r}", answers=dict(answers or {}))
+        pending.decode = lambda: True
+        try:
+            steps(op)
+            with ceph_call(pending.what, pending.where):
+                pending.completion = self.io.operate_aio_write_op(op, obj)
+        except BaseException:
+            op.release()
+            raise
+        self._ops.append(op)
         self._pending.append(pending)
         return pending
 

@@ -26,7 +26,7 @@ import rados
 from rados import Ioctx
 
 from cephcsi.ceph.credentials import Credentials
-from cephcsi.ceph import pool_validation
+from cephcsi.ceph import pool_defaults, pool_validation
 from cephcsi.ceph.errors import CONNECTION_LOST, ceph_call, error_number
 from cephcsi.config.clusters import ClusterConfig
 from cephcsi.errors import CephCSIError, Internal, NotFound, PermissionDenied, Unavailable
@@ -135,6 +135,7 @@ class Connection:
     _attempt: _Attempt | None = None
     _failure: _Failure | None = None
     pools: pool_validation.PoolValidation = field(default_factory=pool_validation.PoolValidation)
+    defaults: pool_defaults.PoolDefaults = field(default_factory=pool_defaults.PoolDefaults)
 
     def __post_init__(self) -> None:
         self.last_used = self.clock()
@@ -280,6 +281,16 @@ class Session:
         """Around a create or clone into `io`: see cephcsi.ceph.pool_validation."""
         with self._connection.pools.creating(self.rados, io, data_pool):
             yield
+
+    def plain_order(self, io: Ioctx, data_pool: str | None) -> int | None:
+        """The order of a new image in `io` when its layout is plain and its pool validated
+        (what cephcsi.ceph.image_create can write), else None."""
+        if data_pool or io.get_namespace():
+            return None
+        handle = self.rados
+        if not self._connection.pools.validated(handle, io):
+            return None
+        return self._connection.defaults.plain_order(handle, io)
 
     def pool_name(self, pool_id: int) -> str | None:
         """The pool's name, or None if no pool has this id any more."""

@@ -48,6 +48,11 @@ class PoolValidation:
         with self._lock:
             return pool_id in self._validated
 
+    def validated(self, handle: rados.Rados, io: rados.Ioctx) -> bool:
+        """Whether `io`'s pool is validated for RBD images (`rbd_info` read once if not known)."""
+        pool_id = io.get_pool_id()
+        return self.known(pool_id) or self._read_validated(handle, io.get_pool_name(), pool_id)
+
     @contextmanager
     def creating(self, handle: rados.Rados, io: rados.Ioctx, data_pool: str | None) -> Iterator[None]:
         """Around one create or clone into `io` (with `data_pool`): librbd validates the pool

@@ -11,6 +11,9 @@ Snapshots use the same two-level shape under csi.snaps.<instance> / csi.snap.<uu
 Crash safety comes from the order of steps, each one atomic RADOS op:
 
     create:  directory key (set-if-absent)  →  record (exclusive create)  →  image  →  image id
+
+(A new image the driver writes itself gets its id planned in the record, `PLANNED_IMAGE_ID`,
+so the record names every object of the image before any exists.)
     delete:  image (to trash, purge)  →  directory key (remove-if-ours)  →  record
 
 A retry after a crash between any two steps finds the earlier steps' results and completes the
@@ -57,6 +60,11 @@ IMAGE_ID = "csi.imageid"
 OWNER = "csi.volume.owner"
 SOURCE = "csi.source"
 """For snapshots and clones: the id of the volume/snapshot they come from."""
+PLANNED_IMAGE_ID = "cephcsi.planned-imageid"
+"""The id of a new image the driver writes itself (cephcsi.ceph.image_create), journaled with the
+record before any of the image's objects exists and replaced by `IMAGE_ID` with the lease's
+release once the image is complete. A record that still has it (and no `IMAGE_ID`) belongs to a
+create killed in between: its retry and a delete settle the image's objects by this id."""
 PENDING_METADATA = "cephcsi.pending-metadata."
 """Prefix of record keys holding image metadata (the claim's owner keys) that a new image gets
 after the create has answered (`Hold.journal_image_id_behind`): written with the record, before
@@ -139,6 +147,10 @@ class Hold:
         crash before the release leaves the id unjournaled, which a retried create and every
         delete (cephcsi.ceph.imagestate finds the id before anything moves the image) handle."""
         self.lease.on_release[IMAGE_ID] = image_id
+
+    def forget_on_release(self, key: str) -> None:
+        """Remove the record's `key` with the release."""
+        self.lease.on_release[key] = None
 
     def forget_pending_metadata_on_release(self, record: Record) -> None:
         """Remove the record's pending metadata keys with the release: the caller has put that
@@ -309,6 +321,10 @@ class Journal:
     def update(self, uuid: str, values: dict[str, str]) -> None:
         """Set extra keys on an existing record (NotFound if it is gone); under `locked(uuid)`."""
         omap.update(self.io, self._record_object(uuid), values)
+
+    def forget(self, uuid: str, key: str) -> None:
+        """Remove one key of the record (under `locked(uuid)`)."""
+        omap.remove_keys(self.io, self._record_object(uuid), (key,))
 
     def forget_pending_metadata(self, record: Record) -> None:
         """Remove the record's pending metadata keys (under `locked(uuid)`), once that metadata

@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 
 import rados
 
-from cephcsi.ceph import image_metadata, images, imagestate, omap, trash
+from cephcsi.ceph import image_create, image_metadata, images, imagestate, omap, trash
 from cephcsi.ceph.connection import ConnectionCache, Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal, NotFound, OperationInFlight
 from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
-from cephcsi.volumes import clones, dependents, failpoints, split_journal
+from cephcsi.volumes import clones, dependents, failpoints, new_images, split_journal
 from cephcsi.volumes.capacity import fits
-from cephcsi.volumes.journal import VOLUMES, Claim, Hold, Journal, Record, pending_metadata_values
+from cephcsi.volumes.journal import PLANNED_IMAGE_ID, VOLUMES, Claim, Hold, Journal, Record, pending_metadata_values
 from cephcsi.volumes.parameters import VolumeParameters
 from cephcsi.volumes.split_journal import JOURNAL_POOL, SplitVolume, parse_name_value
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
@@ -110,8 +110,12 @@ class VolumeManager:
                             # there, never as a uuid of this pool (its record is not here).
                             return self._adopt_split(session, io, request, uuid, value)
                     failpoints.reach("create.after-reserve")
+                    # A new image of a plain layout is written by hand under an id journaled
+                    # with the record (cephcsi.ceph.image_create); else librbd makes it.
+                    order = new_images.hand_order(session, io, request) if fresh else None
+                    planned = {PLANNED_IMAGE_ID: image_create.new_image_id()} if order is not None else {}
                     claim = Claim(request.name, f"{params.name_prefix}{uuid}",
-                                  {**clones.record_values(request.source), **pending})
+                                  {**clones.record_values(request.source), **pending, **planned})
                     # A uuid this call just reserved has no record yet: the hold writes it.
                     with journal.locked(uuid, claim if fresh else None) as hold:
                         # Between the reserve and the lock, another process's find()
@@ -130,18 +134,22 @@ class VolumeManager:
                         if self.cloner is not None and (request.source is not None or clones.has_source(record)):
                             image_id, size, written = self.cloner.ensure(session, io, request, record)
                         else:
-                            image_id, size, made = self._ensure_image(session, io, request, record.image_name, maybe_exists=not fresh)
-                        created = made and not image_id
+                            image_id, size, made = new_images.ensure(session, io, request, journal, record, fresh, order)
+                        if record.get(PLANNED_IMAGE_ID):
+                            hold.forget_on_release(PLANNED_IMAGE_ID)
+                        # A new image: its id (read after the answer when librbd made it and
+                        # chose it) is journaled behind the answer.
+                        created = made
                         if created and request.metadata and record.pending_metadata() == dict(request.metadata):
                             # A new image, and its owner keys are durable in the record: they go
                             # to its header after the answer, with its id journaled and the
                             # lease released (a crash first leaves the keys in the record, for a
                             # retry or `cephcsi audit --repair`, the id unjournaled, which a retry
                             # and every delete handle, and the lease to lapse).
-                            hold.journal_image_id_behind(record.image_name, metadata=request.metadata)
+                            hold.journal_image_id_behind(record.image_name, image_id, metadata=request.metadata)
                         else:
                             self._settle_metadata(io, hold, record, {} if written else request.metadata, made,
-                                                  created)
+                                                  created, image_id)
                             if record.image_id != image_id and not created:
                                 # Journaled with the lease's release (Hold.set_image_id_on_release).
                                 hold.set_image_id_on_release(image_id)
@@ -155,16 +163,18 @@ class VolumeManager:
 
     @staticmethod
     def _settle_metadata(io: rados.Ioctx, hold: Hold, record: Record, metadata: Mapping[str, str], made: bool,
-                         created: bool) -> None:
+                         created: bool, known_id: str) -> None:
         """Before the answer: the metadata this request asks for, and what an earlier attempt's
         record still keeps pending, onto the image; the pending keys leave the record with the
-        release. A created image's id is journaled behind the answer."""
+        release. A created image's id ('' when not known yet) is journaled behind the answer."""
         wanted = {**record.pending_metadata(), **metadata}
-        known_id = ""
         if created and wanted:
             # Nobody can have the new image open yet: its keys go to its header in one class
             # call instead of through an image open.
-            known_id = image_metadata.set_on_new(io, record.image_name, wanted)
+            if known_id:
+                image_metadata.set_on_header(io, record.image_name, known_id, wanted)
+            else:
+                known_id = image_metadata.set_on_new(io, record.image_name, wanted)
         else:
             # A new image has no metadata to read first.
             image_metadata.ensure(io, record.image_name, wanted, known_empty=made)
@@ -224,33 +234,6 @@ class VolumeManager:
                 context["pool"] = image_pool  # where the node finds the image (ceph-csi's context says so too)
                 return Volume(VolumeId(params.cluster_id, value.image_pool_id, uuid), info.size,
                               record.image_name, context)
-
-    def _ensure_image(self, session: Session, io: rados.Ioctx, request: CreateRequest, name: str,
-                      maybe_exists: bool = True) -> tuple[str, int, bool]:
-        """(image id, size, made by this call) of the volume's image, creating it when it does
-        not exist yet; the id is '' for an image this call made (not read: see create).
-
-        `maybe_exists` is False for a name reserved by this very call: nothing can have made its
-        image yet, so the existence probe is skipped (create still handles a taken name)."""
-        params = request.parameters
-        info = images.stat(io, name) if maybe_exists and images.lookup_id(io, name) is not None else None
-        if info is None and maybe_exists:
-            # An earlier attempt may have removed its partial image by name and been killed
-            # inside librbd's remove: that leaves a trash entry under the name we are about to
-            # use again, which nothing would look for afterwards.
-            trash.finish_removal(io, name)
-        if info is None:
-            log.info("creating image", extra=fields(image=name, pool=params.pool, bytes=request.size))
-            with session.creating_in(io, params.data_pool):
-                image_id = images.create(io, name, request.size, params.features, params.data_pool, with_id=False)
-            failpoints.reach("create.after-image")
-            return image_id, request.size, True
-        if not fits(info.size, request.required_bytes, request.limit_bytes):
-            raise AlreadyExists(
-                f"volume {request.name!r} already exists with {info.size} bytes, which does not fit the "
-                f"requested range [{request.required_bytes}, {request.limit_bytes or 'unbounded'}]"
-            )
-        return info.image_id, info.size, False
 
     def delete(self, volume_id_text: str, secrets: Mapping[str, str]) -> None:
         """Delete the volume; a volume (or pool) that is already gone counts as deleted.
@@ -337,13 +320,19 @@ class VolumeManager:
     def _remove_image(self, session: Session, io: rados.Ioctx, pool: str, journal: Journal, record: Record) -> None:
         """Take the image out of service from whatever state an earlier, killed attempt (ours,
         or librbd's inside one call) left it in; see cephcsi.ceph.imagestate for the states."""
-        inspection = imagestate.Inspection(io, record.image_name, record.image_id)
+        known_id = record.image_id
+        planned = record.get(PLANNED_IMAGE_ID)
+        if not known_id and planned and image_create.settle(io, record.image_name, planned):
+            # A create killed before its release: the image it wrote is complete (else what it
+            # wrote is gone now).
+            known_id = planned
+        inspection = imagestate.Inspection(io, record.image_name, known_id)
         # Whether a live image has users or snapshots is checked while the inspection's reads
         # are in flight, and used only once they say the image is live (and, for the header
         # probe, that its id is the journaled one): by two reads of the header when the id is
         # journaled, else by a read-only open, which the header probe also falls back to when
         # the image turns out watched or snapshotted.
-        header_probe = dependents.HeaderProbe(io, record.image_id) if record.image_id else None
+        header_probe = dependents.HeaderProbe(io, known_id) if known_id else None
         usage = dependents.probe(io, record.image_name) if header_probe is None else None
         state = inspection.result()
         if header_probe is not None and state.image_id == header_probe.image_id:

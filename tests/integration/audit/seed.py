@@ -22,8 +22,8 @@ from typing import Any
 import rados
 import rbd
 
-from cephcsi.ceph import encoding
-from cephcsi.volumes.journal import VOLUMES, JournalKind
+from cephcsi.ceph import encoding, image_create
+from cephcsi.volumes.journal import PLANNED_IMAGE_ID, VOLUMES, JournalKind
 from tests.ceph.fixtures import CephTestCluster
 
 NORMAL, MOVING, REMOVING = 0, 1, 2
@@ -111,6 +111,21 @@ class Seeder:
         self.io.remove_object(f"rbd_data.{image_id}.0000000000000000")
         if not with_id_object:
             self.io.remove_object(f"rbd_id.{name}")
+        return image_id
+
+    def planned_header(self, uuid: str, name: str) -> str:
+        """A record planning an image id, and of that image only the header: what a create that
+        writes the image itself (cephcsi.ceph.image_create) leaves when killed between its
+        writes. Returns the id."""
+        image_id = image_create.new_image_id()
+        self.set_omap(f"{self.kind.record_prefix}{uuid}", {self.kind.name_field: name,
+                                                           "csi.imagename": self.image_name(uuid),
+                                                           PLANNED_IMAGE_ID: image_id})
+        image_create.write(self.io, image_create.NewImage(self.image_name(uuid), image_id, 4 * MIB,
+                                                          rbd.RBD_FEATURE_LAYERING, 22))
+        self.io.remove_object(f"rbd_id.{self.image_name(uuid)}")
+        self.io.execute("rbd_directory", "rbd", "dir_remove_image",
+                        encoding.string(self.image_name(uuid)) + encoding.string(image_id))
         return image_id
 
     def owned(self, name: str, pvc_namespace: str, pvc_name: str, pv_name: str) -> None:

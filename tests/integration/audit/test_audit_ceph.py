@@ -65,7 +65,11 @@ def seed_everything(s: Seeder) -> tuple[set[tuple[str, str]], dict[str, str]]:
     s.key("pvc-partial", journaled_partial)
     s.record(journaled_partial, "pvc-partial")
     s.partial_create(s.image_name(journaled_partial), with_id_object=False)
+    planned = new_uuid()  # a create that wrote the image itself, killed with only its header
+    s.key("pvc-planned", planned)
+    s.planned_header(planned, "pvc-planned")
     expected = {
+        ("dangling-record", "pvc-planned"),
         ("orphan-image", s.image_name(orphan)),
         ("dangling-record", "pvc-dangling-record"),
         ("dangling-record", "pvc-partial"),
