@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import rados
 
@@ -25,8 +26,9 @@ from cephcsi.ceph.errors import ceph_call
 INFO_OBJECT = "rbd_info"
 ORDER = "rbd_default_order"
 LAYOUT_OPTIONS = (ORDER, "rbd_default_data_pool", "rbd_default_stripe_unit", "rbd_default_stripe_count")
-POOL_OVERRIDE_PREFIX = "config_"
-"""How `rbd config pool set` names an option in `rbd_info`'s omap."""
+POOL_OVERRIDE_PREFIX = "metadata_conf_"
+"""How `rbd config pool set` names an option in `rbd_info`'s omap (pool metadata `conf_<option>`,
+which cls_rbd keeps under a `metadata_` prefix)."""
 TTL_SECONDS = 30.0
 MIN_ORDER, MAX_ORDER = 12, 25
 """librbd's accepted range of object sizes: 4 KiB to 32 MiB."""
@@ -35,7 +37,8 @@ MIN_ORDER, MAX_ORDER = 12, 25
 class PoolDefaults:
     """Per connection: the plain layout of each pool, with the time it was read."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._overridden: dict[int, tuple[bool, float]] = {}
         self._lock = threading.Lock()  # held for no Ceph operation
 
@@ -48,7 +51,7 @@ class PoolDefaults:
 
     def _pool_overrides_layout(self, io: rados.Ioctx) -> bool:
         pool_id = io.get_pool_id()
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             known = self._overridden.get(pool_id)
         if known is not None and now - known[1] < TTL_SECONDS:

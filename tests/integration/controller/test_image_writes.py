@@ -139,3 +139,36 @@ def test_a_planned_id_found_taken_is_replaced(
         rbd.RBD().remove(io, owner)
     manager.connections.close_all()
     wait_for_pool(ceph_cluster, baseline)
+
+
+def _created_order(ceph_cluster: CephTestCluster, config_file: str) -> int:
+    """The order of an image a fresh controller (new connections) makes in the test pool."""
+    manager = VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings()), "default")
+    request = create_request(ceph_cluster)
+    try:
+        volume = manager.create(CreateRequest(
+            name=request.name, parameters=VolumeParameters.parse(dict(request.parameters)), size=8 << 20,
+            required_bytes=8 << 20, limit_bytes=0, credentials=Credentials.from_secrets(ceph_cluster.secrets),
+        ))
+        with admin_ioctx(ceph_cluster) as io, rbd.Image(io, volume.image_name, read_only=True) as image:
+            order = int(image.stat()["order"])
+        manager.delete(volume.volume_id.encode(), dict(ceph_cluster.secrets))
+        return order
+    finally:
+        manager.connections.close_all()
+
+
+def test_a_pool_override_of_the_image_layout_is_honoured(ceph_cluster: CephTestCluster, config_file: str) -> None:
+    """`rbd config pool set <pool> rbd_default_order 23`: librbd would give new images 8 MiB
+    objects, so the driver leaves such creates to librbd instead of writing 4 MiB ones."""
+    baseline = read_pool(ceph_cluster)
+    assert _created_order(ceph_cluster, config_file) == 22
+    with admin_ioctx(ceph_cluster) as io:
+        rbd.RBD().config_set(io, "rbd_default_order", "23")
+    try:
+        assert _created_order(ceph_cluster, config_file) == 23
+    finally:
+        with admin_ioctx(ceph_cluster) as io:
+            rbd.RBD().config_remove(io, "rbd_default_order")
+    assert _created_order(ceph_cluster, config_file) == 22
+    wait_for_pool(ceph_cluster, baseline)
