@@ -4,7 +4,6 @@ that comes after the image is gone fails instead of creating a stray header obje
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import rados
@@ -12,18 +11,10 @@ import rbd
 
 from cephcsi.ceph import image_metadata
 from cephcsi.errors import NotFound
-from tests.ceph.fixtures import CephTestCluster
-from tests.integration.controller.pool_state import admin_ioctx
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
 
 OWNER = {"csi.storage.k8s.io/pvc/name": "data", "csi.storage.k8s.io/pvc/namespace": "shop"}
-
-
-@pytest.fixture
-def io(ceph_cluster: CephTestCluster) -> Iterator[rados.Ioctx]:
-    with admin_ioctx(ceph_cluster) as ioctx:
-        yield ioctx
 
 
 def test_metadata_written_to_the_header_is_what_librbd_lists(io: rados.Ioctx) -> None:

@@ -17,15 +17,8 @@ import rbd
 
 from cephcsi.volumes import dependents
 from tests.ceph.fixtures import CephTestCluster
-from tests.integration.controller.pool_state import admin_ioctx
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
-
-
-@pytest.fixture
-def io(ceph_cluster: CephTestCluster) -> Iterator[rados.Ioctx]:
-    with admin_ioctx(ceph_cluster) as ioctx:
-        yield ioctx
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import rados
@@ -13,8 +12,6 @@ import rbd
 
 from cephcsi.ceph import encoding, image_create, omap
 from cephcsi.ceph.image_create import NewImage
-from tests.ceph.fixtures import CephTestCluster
-from tests.integration.controller.pool_state import admin_ioctx
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
 
@@ -22,12 +19,6 @@ MIB = 1 << 20
 ALL_BY_HAND = (rbd.RBD_FEATURE_LAYERING | rbd.RBD_FEATURE_EXCLUSIVE_LOCK | rbd.RBD_FEATURE_OBJECT_MAP
                | rbd.RBD_FEATURE_FAST_DIFF | rbd.RBD_FEATURE_DEEP_FLATTEN)
 TIMESTAMPS = {"create_timestamp", "access_timestamp", "modify_timestamp"}
-
-
-@pytest.fixture
-def io(ceph_cluster: CephTestCluster) -> Iterator[rados.Ioctx]:
-    with admin_ioctx(ceph_cluster) as ioctx:
-        yield ioctx
 
 
 def _name() -> str:

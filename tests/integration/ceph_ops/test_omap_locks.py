@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import rados
@@ -14,18 +13,10 @@ from cephcsi.ceph import omap
 from cephcsi.ceph.batch import Batch
 from cephcsi.ceph.leases import Fill, LeaseKeeper
 from cephcsi.errors import NotFound
-from tests.ceph.fixtures import CephTestCluster
-from tests.integration.controller.pool_state import admin_ioctx
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
 
 LOCK = "cephcsi.journal"
-
-
-@pytest.fixture
-def io(ceph_cluster: CephTestCluster) -> Iterator[rados.Ioctx]:
-    with admin_ioctx(ceph_cluster) as ioctx:
-        yield ioctx
 
 
 def _obj() -> str:

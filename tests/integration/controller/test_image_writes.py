@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+import grpc
 import pytest
 import rbd
 
@@ -38,8 +39,9 @@ def _killed_after_the_image(fresh_driver: Callable[..., DriverProcess], request:
                             cluster: CephTestCluster) -> tuple[str, str, str]:
     """(uuid, image name, planned id) of a create killed right after it wrote the image."""
     crashing = fresh_driver({"CEPHCSI_FAILPOINTS": "create.after-image"})
-    with pytest.raises(Exception):
+    with pytest.raises(grpc.RpcError) as killed:
         crashing.controller.CreateVolume(request, timeout=60)
+    assert killed.value.code() == grpc.StatusCode.UNAVAILABLE, killed.value.details()
     uuid_value, record = journal_entries(cluster, request.name)
     assert uuid_value and record[PLANNED_IMAGE_ID] and "csi.imageid" not in record, record
     return uuid_value, record["csi.imagename"], record[PLANNED_IMAGE_ID]
