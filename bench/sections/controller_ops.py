@@ -134,13 +134,16 @@ class VolumeClient(Protocol):
 
 
 def _calls_side(env: Environment, prefix: str, what: str, client: VolumeClient, cpu: Callable[[], float],
-                raw: RawRbd, c: int, k: int, notes: list[str]) -> dict[str, Any]:
+                raw: RawRbd, c: int, k: int, notes: list[str],
+                caller_cpu: Callable[[], float] | None = None) -> dict[str, Any]:
     """One round of one path (`prefix` driver: over gRPC, the cephcsi process's CPU clock;
     embedded: in-process, this process's): k creates then their k deletes at concurrency c,
-    then the drain."""
+    then the drain. `caller_cpu`: the calling process's clock too (the gRPC client's cost)."""
     cpu0 = cpu()
+    caller0 = caller_cpu() if caller_cpu else 0.0
     created = run_batch(client.create, _names(prefix[:3], c, k), c)
     cpu1 = cpu()
+    caller1 = caller_cpu() if caller_cpu else 0.0
     deleted = run_batch(client.delete, created.results, c)
     cpu2 = cpu()
     _check(created, f"c={c} {what} CreateVolume", notes)
@@ -148,6 +151,8 @@ def _calls_side(env: Environment, prefix: str, what: str, client: VolumeClient, 
     return {f"{prefix}_create": created, f"{prefix}_delete": deleted,
             f"{prefix}_cpu_create": _cpu_ms_per_op(cpu0, cpu1, len(created.latencies)),
             f"{prefix}_cpu_delete": _cpu_ms_per_op(cpu1, cpu2, len(deleted.latencies)),
+            **({f"{prefix}_caller_cpu_create": _cpu_ms_per_op(caller0, caller1, len(created.latencies))}
+               if caller_cpu else {}),
             f"drain_{prefix}_s": raw.wait_trash_empty(env.options.drain_timeout_s)}
 
 
@@ -183,7 +188,7 @@ def _level(env: Environment, driver: DriverClient, embedded: EmbeddedClient, raw
     k = max(1, env.options.ops // rounds)
     pid = env.controller_pid()
     sides = {"driver": lambda: _calls_side(env, "driver", "driver", driver, lambda: procstat.cpu_seconds(pid),
-                                           raw, c, k, notes),
+                                           raw, c, k, notes, caller_cpu=procstat.self_cpu_seconds),
              "embedded": lambda: _calls_side(env, "embedded", "in-process", embedded, procstat.self_cpu_seconds,
                                              raw, c, k, notes),
              "raw": lambda: _raw_side(env, raw, c, k, notes)}
@@ -289,7 +294,8 @@ def aggregate(rounds: list[dict[str, Any]], c: int) -> dict[str, Any]:
             ratios[f"{key_prefix}delete_ops_{key}"] = ratio_spread(tput[f"{prefix}_delete"], tput[key])
     cpu = {f"{prefix}_cpu_{kind}": [r[f"{prefix}_cpu_{kind}"] for r in rounds]
            for prefix, _ in paths for kind in ("create", "delete")}
-    cpu.update({name: [r[name] for r in rounds] for name in ("raw_cpu_create", "raw_cpu_mgr")})
+    cpu.update({name: [r[name] for r in rounds] for name in ("raw_cpu_create", "raw_cpu_mgr", "driver_caller_cpu_create")
+                if name in rounds[0]})
     return {
         "concurrency": c,
         "rounds": len(rounds),
@@ -330,9 +336,11 @@ def _tables(levels: list[dict[str, Any]], env: Environment, state: dict[str, str
                     columns=["conc", "op", "driver p50", "driver p99", "driver ops/s", "raw baseline",
                              "raw p50", "raw p99", "raw ops/s", "p50 ×", "ops/s ×"])
     cpu = Table(title=f"[{where}] CPU ms per op, median over rounds (min–max) (driver: the cephcsi process; "
-                      "in-process and raw: the bench process), × = driver/raw median (min–max); trash drain after "
+                      "in-process and raw: the bench process; gRPC caller: the bench process while it calls the "
+                      "driver over gRPC, the client's share), × = driver/raw median (min–max); trash drain after "
                       "each round",
-                columns=["conc", "driver create", "raw create", "create CPU ×", "driver delete", "raw trash+mgr",
+                columns=["conc", "driver create", "raw create", "create CPU ×", "gRPC caller create", "driver delete",
+                         "raw trash+mgr",
                          "delete CPU ×", "drain driver s", "drain raw s", "in-process create", "create CPU ×, in-process",
                          "in-process delete", "delete CPU ×, in-process"])
 
@@ -364,7 +372,7 @@ def _tables(levels: list[dict[str, Any]], env: Environment, state: dict[str, str
                         report.times_spread(r["embedded_delete_ops_raw_trash_mgr"]))
         cp = level["cpu_ms_per_op"]
         cpu.add(c, med(cp["driver_cpu_create"]), med(cp["raw_cpu_create"]), report.times_spread(r["cpu_create"]),
-                med(cp["driver_cpu_delete"]), med(cp["raw_cpu_mgr"]), report.times_spread(r["cpu_delete_vs_mgr"]),
+                med(cp.get("driver_caller_cpu_create")), med(cp["driver_cpu_delete"]), med(cp["raw_cpu_mgr"]), report.times_spread(r["cpu_delete_vs_mgr"]),
                 report.num(max(level["drain_driver_s"]), 2), report.num(max(level["drain_raw_s"]), 2),
                 med(cp.get("embedded_cpu_create")), report.times_spread(r.get("embedded_cpu_create")),
                 med(cp.get("embedded_cpu_delete")), report.times_spread(r.get("embedded_cpu_delete_vs_mgr")))
