@@ -137,10 +137,9 @@ class VolumeManager:
                             image_id, size, made = new_images.ensure(session, io, request, journal, record, fresh, order)
                         if record.get(PLANNED_IMAGE_ID):
                             hold.forget_on_release(PLANNED_IMAGE_ID)
-                        # A new image: its id (read after the answer when librbd made it and
-                        # chose it) is journaled behind the answer.
-                        created = made
-                        if created and request.metadata and record.pending_metadata() == dict(request.metadata):
+                        # A new image's id ('' when librbd chose it: read then) is journaled
+                        # behind the answer.
+                        if made and request.metadata and record.pending_metadata() == dict(request.metadata):
                             # A new image, and its owner keys are durable in the record: they go
                             # to its header after the answer, with its id journaled and the
                             # lease released (a crash first leaves the keys in the record, for a
@@ -149,8 +148,8 @@ class VolumeManager:
                             hold.journal_image_id_behind(record.image_name, image_id, metadata=request.metadata)
                         else:
                             self._settle_metadata(io, hold, record, {} if written else request.metadata, made,
-                                                  created, image_id)
-                            if record.image_id != image_id and not created:
+                                                  image_id)
+                            if record.image_id != image_id and not made:
                                 # Journaled with the lease's release (Hold.set_image_id_on_release).
                                 hold.set_image_id_on_release(image_id)
                         return Volume(
@@ -163,12 +162,12 @@ class VolumeManager:
 
     @staticmethod
     def _settle_metadata(io: rados.Ioctx, hold: Hold, record: Record, metadata: Mapping[str, str], made: bool,
-                         created: bool, known_id: str) -> None:
+                         known_id: str) -> None:
         """Before the answer: the metadata this request asks for, and what an earlier attempt's
         record still keeps pending, onto the image; the pending keys leave the record with the
-        release. A created image's id ('' when not known yet) is journaled behind the answer."""
+        release. A new image's id ('' when not known yet) is journaled behind the answer."""
         wanted = {**record.pending_metadata(), **metadata}
-        if created and wanted:
+        if made and wanted:
             # Nobody can have the new image open yet: its keys go to its header in one class
             # call instead of through an image open.
             if known_id:
@@ -179,7 +178,7 @@ class VolumeManager:
             # A new image has no metadata to read first.
             image_metadata.ensure(io, record.image_name, wanted, known_empty=made)
         hold.forget_pending_metadata_on_release(record)
-        if created:
+        if made:
             hold.journal_image_id_behind(record.image_name, known_id)
 
     def _adopt_split(self, session: Session, io: rados.Ioctx, request: CreateRequest, raw: str,
