@@ -48,13 +48,16 @@ def ensure(session: Session, io: rados.Ioctx, request: CreateRequest, journal: J
     `fresh`: the name was reserved by this very call, so nothing can have made its image
     yet and the existence probe is skipped (create still handles a taken name)."""
     planned = record.get(PLANNED_IMAGE_ID)
-    if planned and not record.image_id and not (not fresh and image_create.settle(io, record.image_name, planned)):
-        # Nothing of the image yet (a killed attempt's writes were just undone).
-        if order is None:
-            order = hand_order(session, io, request)
-        if order is not None:
-            return _write(io, request, journal, record, planned, order), request.size, True
-        journal.forget(record.uuid, PLANNED_IMAGE_ID)  # librbd makes it, with an id of its own
+    if planned and not record.image_id:
+        # A killed attempt may have written part of the image under the planned id: a complete
+        # image is adopted below like any other, anything less is removed here first.
+        complete = not fresh and image_create.settle(io, record.image_name, planned)
+        if not complete:
+            if order is None:
+                order = hand_order(session, io, request)
+            if order is not None:
+                return _write(io, request, journal, record, planned, order), request.size, True
+            journal.forget(record.uuid, PLANNED_IMAGE_ID)  # librbd makes it, with an id of its own
     return _ensure_by_librbd(session, io, request, record.image_name, maybe_exists=not fresh)
 
 
