@@ -36,7 +36,7 @@ from cephcsi.ceph.imagestate import ImageState, TrashState
 from cephcsi.errors import CephCSIError, OperationInFlight
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import dependents, split_journal
-from cephcsi.volumes.journal import PLANNED_IMAGE_ID, Hold, Journal
+from cephcsi.volumes.journal import Hold, Journal
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +201,8 @@ def _remove_record(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
     named = journal.lookup(record.name) == record.uuid
     if named and finding.kind is Kind.ORPHAN_RECORD:
         raise _Resolved("a name key points at the record now")
-    planned = record.get(PLANNED_IMAGE_ID)
-    if planned and not record.image_id and image_create.settle(ctx.io, record.image_name, planned):
+    planned = record.unjournaled_planned_id
+    if planned and image_create.settle(ctx.io, record.image_name, planned):
         raise _Refused(f"its image {record.image_name!r} is complete (a killed create wrote it)")
     state = imagestate.inspect(ctx.io, record.image_name, record.image_id)
     if state.live:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import rados
 import rbd
 
-from cephcsi.ceph import encoding
+from cephcsi.ceph import encoding, images, imagestate, omap
 from cephcsi.ceph.batch import Batch, Pending
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import Internal
@@ -41,8 +41,8 @@ from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)
 
-DIRECTORY = "rbd_directory"
-TRASH = "rbd_trash"
+DIRECTORY = images.DIRECTORY
+TRASH = imagestate.TRASH
 ID_HEX_DIGITS = 14
 """The length of librbd's image ids (it cuts longer ones to this)."""
 FEATURES_BY_HAND = (rbd.RBD_FEATURE_LAYERING | rbd.RBD_FEATURE_EXCLUSIVE_LOCK | rbd.RBD_FEATURE_OBJECT_MAP
@@ -183,17 +183,14 @@ def settle(io: rados.Ioctx, name: str, image_id: str) -> bool:
 def _undo(io: rados.Ioctx, name: str, image_id: str, id_object: bool, header: bool, directory: bool) -> None:
     """Remove the objects of this image that are ours, the directory entry last: it is what
     proves a header ours (`Traces.header_is_ours`) to a retry after a crash in between."""
-    with ceph_call("remove an unfinished image", f"image {name!r}"):
-        if id_object:
-            _remove(io, f"rbd_id.{name}")
-        if header:
-            _remove(io, f"rbd_object_map.{image_id}")
-            _remove(io, f"rbd_header.{image_id}")
-        if directory:
-            try:
-                io.execute(DIRECTORY, "rbd", "dir_remove_image", encoding.string(name) + encoding.string(image_id))
-            except rados.ObjectNotFound:
-                pass
+    if id_object:
+        omap.remove_object(io, f"rbd_id.{name}")
+    if header:
+        omap.remove_object(io, f"rbd_object_map.{image_id}")
+        omap.remove_object(io, f"rbd_header.{image_id}")
+    if directory:
+        with ceph_call("remove an unfinished image from the directory", f"image {name!r}"):
+            images.remove_from_directory(io, name, image_id)
 
 
 def _add_to_directory(batch: Batch, name: str, image_id: str) -> Pending[bool | None]:
@@ -227,12 +224,4 @@ def _object_count(size: int, order: int) -> int:
 
 
 def _string_or_none(raw: bytes | None) -> str | None:
-    return encoding.read_string(raw)[0] if raw and len(raw) >= 4 else None
-
-
-def _remove(io: rados.Ioctx, obj: str) -> None:
-    try:
-        io.remove_object(obj)
-    except rados.ObjectNotFound:
-        pass
-
+    return images.decode_id_object(raw) if raw else None

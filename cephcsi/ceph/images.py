@@ -152,11 +152,17 @@ def remove_headerless(io: rados.Ioctx, name: str) -> ImageInfo | None:
         except rados.ObjectNotFound:
             pass
         if listed_id:
-            try:
-                io.execute(DIRECTORY, "rbd", "dir_remove_image", encoding.string(name) + encoding.string(listed_id))
-            except rados.ObjectNotFound:
-                pass
+            remove_from_directory(io, name, listed_id)
     return None
+
+
+def remove_from_directory(io: rados.Ioctx, name: str, image_id: str) -> None:
+    """Drop the image's directory entries (name and id); a missing directory counts as done.
+    The caller runs it inside its own `ceph_call`."""
+    try:
+        io.execute(DIRECTORY, "rbd", "dir_remove_image", encoding.string(name) + encoding.string(image_id))
+    except rados.ObjectNotFound:
+        pass
 
 
 def _has_header(io: rados.Ioctx, image_id: str) -> bool:

@@ -11,10 +11,10 @@ Snapshots use the same two-level shape under csi.snaps.<instance> / csi.snap.<uu
 Crash safety comes from the order of steps, each one atomic RADOS op:
 
     create:  directory key (set-if-absent)  →  record (exclusive create)  →  image  →  image id
+    delete:  image (to trash, purge)  →  directory key (remove-if-ours)  →  record
 
 (A new image the driver writes itself gets its id planned in the record, `PLANNED_IMAGE_ID`,
 so the record names every object of the image before any exists.)
-    delete:  image (to trash, purge)  →  directory key (remove-if-ours)  →  record
 
 A retry after a crash between any two steps finds the earlier steps' results and completes the
 rest: the directory key is written first, so there is never a record or image without a name
@@ -112,6 +112,12 @@ class Record:
     def pending_metadata(self) -> dict[str, str]:
         """Image metadata this record keeps until it is on the image (`PENDING_METADATA`)."""
         return pending_metadata_in(self.extra)
+
+    @property
+    def unjournaled_planned_id(self) -> str:
+        """The planned image id while no image id is journaled: a create that wrote the image
+        itself was killed before its release, and any of the image's objects may exist."""
+        return "" if self.image_id else self.get(PLANNED_IMAGE_ID)
 
 
 @dataclass(frozen=True)

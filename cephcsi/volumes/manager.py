@@ -320,8 +320,8 @@ class VolumeManager:
         """Take the image out of service from whatever state an earlier, killed attempt (ours,
         or librbd's inside one call) left it in; see cephcsi.ceph.imagestate for the states."""
         known_id = record.image_id
-        planned = record.get(PLANNED_IMAGE_ID)
-        if not known_id and planned and image_create.settle(io, record.image_name, planned):
+        planned = record.unjournaled_planned_id
+        if planned and image_create.settle(io, record.image_name, planned):
             # A create killed before its release: the image it wrote is complete (else what it
             # wrote is gone now).
             known_id = planned

@@ -47,8 +47,8 @@ def ensure(session: Session, io: rados.Ioctx, request: CreateRequest, journal: J
 
     `fresh`: the name was reserved by this very call, so nothing can have made its image
     yet and the existence probe is skipped (create still handles a taken name)."""
-    planned = record.get(PLANNED_IMAGE_ID)
-    if planned and not record.image_id:
+    planned = record.unjournaled_planned_id
+    if planned:
         # A killed attempt may have written part of the image under the planned id: a complete
         # image is adopted below like any other, anything less is removed here first.
         complete = not fresh and image_create.settle(io, record.image_name, planned)
