@@ -81,6 +81,8 @@ class ImageState:
     directory: bool
     header: bool
     trash: TrashEntry | None
+    named_consistently: bool = False
+    """The id object and the directory entry both map the name to `image_id`."""
 
     @property
     def live(self) -> bool:
@@ -183,4 +185,5 @@ class Inspection:
             directory=from_directory is not None,
             header=header.result() if header is not None else False,
             trash=_trash_entry_in(trash.result(), image_id) if trash is not None else None,
+            named_consistently=bool(image_id) and from_id_object == image_id and from_directory == image_id,
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import rados
 
-from cephcsi.ceph import image_create, image_metadata, images, imagestate, omap, trash
+from cephcsi.ceph import image_create, image_metadata, images, imagestate, omap, trash, trash_move
 from cephcsi.ceph.connection import ConnectionCache, Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.config.clusters import ClusterRegistry
@@ -332,10 +332,12 @@ class VolumeManager:
         # journaled, else by a read-only open, which the header probe also falls back to when
         # the image turns out watched or snapshotted.
         header_probe = dependents.HeaderProbe(io, known_id) if known_id else None
+        movable = trash_move.Eligibility(io, known_id) if known_id else None
         usage = dependents.probe(io, record.image_name) if header_probe is None else None
         state = inspection.result()
         if header_probe is not None and state.image_id == header_probe.image_id:
             usage = header_probe.usage()
+        unused_by_header = usage is not None and header_probe is not None
         if state.image_id and state.image_id != record.image_id:
             # Journal the id before anything moves the image: once it leaves the directory the
             # id is the only way to find it.
@@ -361,7 +363,11 @@ class VolumeManager:
             # Snapshots or clones still read through it: librbd purges it after them.
             if dependents.defer_if_parent(io, state, snaps):
                 return
-        trash.move(io, state)
+        if (state.live and unused_by_header and state.named_consistently and movable is not None
+                and state.image_id == movable.image_id and movable.result()):
+            trash_move.move(io, state.name, state.image_id)
+        else:
+            trash.move(io, state)
         failpoints.reach("delete.after-trash")
         if not state.live:
             # Resuming a delete that a crash interrupted, perhaps inside librbd with the image

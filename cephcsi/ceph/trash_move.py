@@ -1,0 +1,124 @@
+"""Moving a live, unused image to the trash in three round trips, without opening it.
+
+Why by hand, next to librbd's `RBD.trash_move` (which the driver still uses wherever this does
+not apply): librbd looks the id up, opens the image (about a dozen reads, one after the other,
+and a watch), reads its mirroring state, takes its exclusive lock if it has one, closes it, and
+only then writes the move: a trash entry in state MOVING, the id object and the directory entry
+removed, the entry set NORMAL, and a notify on `rbd_trash`. A delete has already read
+everything the open is for — the id, that no client watches the header and that it has no
+snapshots (`volumes.dependents.HeaderProbe`) — so what is left is its features and mirroring
+state, read here in the same round trip as those (`Eligibility`), and the writes.
+
+What is written is what librbd 16 writes, in its order, so a crash between the steps leaves
+one of the shapes a killed `trash_move` leaves (a MOVING entry of source USER, with both, one or
+neither of the id object and the directory entry), which `RBD.trash_move` of the same name
+resumes (`cephcsi.ceph.trash.move`). The notify is left out: its only listener is rbd-mirror,
+which acts on entries of source MIRRORING alone.
+
+Not by hand: an image with journaling (librbd turns journal replay off for the move), one
+being migrated, one in a group or with any other operation feature (clone parents and
+children), a non-primary one, and one with a mirroring entry — librbd disables mirroring
+before the move.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import struct
+import time
+from collections.abc import Callable
+
+import rados
+import rbd
+
+from cephcsi.ceph import encoding, images, imagestate, trash
+from cephcsi.ceph.batch import Batch
+from cephcsi.ceph.errors import ceph_call
+from cephcsi.ceph.imagestate import TRASH, TrashState
+from cephcsi.errors import CephCSIError, Internal
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+MIRRORING = "rbd_mirroring"
+MOVABLE_FEATURES = (rbd.RBD_FEATURE_LAYERING | rbd.RBD_FEATURE_STRIPINGV2 | rbd.RBD_FEATURE_EXCLUSIVE_LOCK
+                    | rbd.RBD_FEATURE_OBJECT_MAP | rbd.RBD_FEATURE_FAST_DIFF | rbd.RBD_FEATURE_DEEP_FLATTEN
+                    | rbd.RBD_FEATURE_DATA_POOL)
+"""Features an image may have for the move by hand: none of them changes what the move writes."""
+NO_SNAPSHOT = 0xFFFF_FFFF_FFFF_FFFE
+"""CEPH_NOSNAP: the image head, as cls_rbd's `get_features` takes it."""
+TRASH_SOURCE_USER = 0
+TRASH_SPEC_VERSION = 2
+"""TrashImageSpec's encoding with the entry's state (version 2, readable by version-1 decoders)."""
+
+
+class Eligibility:
+    """Whether image id `image_id` may be moved by hand: its features (cls_rbd `get_features`)
+    and whether it has a mirroring entry (`mirror_image_get`), sent together now and read later.
+    Both are class calls, which hold no op buffers, so nothing is lost if the caller never reads
+    the answer (the image turned out not to be live, say)."""
+
+    def __init__(self, io: rados.Ioctx, image_id: str) -> None:
+        self.image_id = image_id
+        self._batch = Batch(io)
+        self._features = self._batch.execute(f"rbd_header.{image_id}", "rbd", "get_features",
+                                             struct.pack("<Q", NO_SNAPSHOT))
+        self._mirror = self._batch.execute(MIRRORING, "rbd", "mirror_image_get", encoding.string(image_id))
+
+    def result(self) -> bool:
+        try:
+            self._batch.wait()
+            features = self._features.result()
+            mirror = self._mirror.result()
+        except CephCSIError:
+            return False  # librbd's move reads the same and reports what is wrong
+        if features is None or len(features) < 8 or mirror is not None:
+            return False
+        (value,) = struct.unpack_from("<Q", features)
+        return not value & ~MOVABLE_FEATURES
+
+
+def trash_spec(name: str, state: TrashState, now: float) -> bytes:
+    """cls_rbd TrashImageSpec: source, name, deletion time, deferment end time (the same: no
+    delay), state."""
+    seconds, fraction = divmod(now, 1.0)
+    stamp = struct.pack("<II", int(seconds), int(fraction * 1e9))
+    body = bytes((TRASH_SOURCE_USER,)) + encoding.string(name) + stamp + stamp + bytes((state.value,))
+    return encoding.versioned(body, version=TRASH_SPEC_VERSION)
+
+
+def move(io: rados.Ioctx, name: str, image_id: str, clock: Callable[[], float] = time.time) -> None:
+    """Move the live image `name` (id `image_id`, checked unused and `Eligibility` true by the
+    caller, under the volume's lease) to a NORMAL trash entry."""
+    add_entry(io, name, image_id, clock())
+    unlist(io, name, image_id)
+    trash.set_state(io, image_id, TrashState.NORMAL, expected=TrashState.MOVING)
+    log.debug("moved image to the trash", extra=fields(image=name, image_id=image_id))
+
+
+def add_entry(io: rados.Ioctx, name: str, image_id: str, now: float) -> None:
+    """The MOVING entry first: from here on the image is found by name in the trash, as
+    librbd's resume looks for it, whatever else a crash leaves."""
+    request = encoding.string(image_id) + trash_spec(name, TrashState.MOVING, now)
+    with ceph_call("add image to the trash", f"image {name!r}"):
+        try:
+            io.execute(TRASH, "rbd", "trash_add", request)
+        except rados.ObjectExists:
+            # An entry under this id appeared since the caller looked: not ours to take over.
+            entry = imagestate.trash_entry(io, image_id)
+            raise Internal(f"image {name!r} (id {image_id}) got a trash entry from another client "
+                           f"({entry.state.name if entry else 'gone again'}) while it was being deleted; retry") from None
+
+
+def unlist(io: rados.Ioctx, name: str, image_id: str) -> None:
+    """The id object and the directory entry, together (librbd removes them one after the
+    other; either order leaves a shape its resume completes). Either may be gone already."""
+    batch = Batch(io)
+    id_object = batch.write(f"rbd_id.{name}", "remove image id object", lambda op: op.remove(),
+                            {-errno.ENOENT: False})
+    request = encoding.string(name) + encoding.string(image_id)
+    directory = batch.write(images.DIRECTORY, "remove image from directory",
+                            lambda op: op.execute("rbd", "dir_remove_image", request), {-errno.ENOENT: False})
+    batch.wait()
+    id_object.result()
+    directory.result()
