@@ -45,6 +45,8 @@ log = logging.getLogger("bench")
 NAME = "controller"
 TITLE = "1. CreateVolume/DeleteVolume: driver over gRPC and in-process vs raw python-rbd"
 RPC_TIMEOUT_S = 120.0
+WAVES = 3
+"""Calls per round at a concurrency level are at least this many times the concurrency."""
 Mode = csi_pb2.VolumeCapability.AccessMode
 
 
@@ -185,7 +187,7 @@ def _level(env: Environment, driver: DriverClient, embedded: EmbeddedClient, raw
     """`rounds` interleaved rounds at concurrency c; the side that goes first rotates (gRPC,
     in-process, raw; in-process, raw, gRPC; ...) so none always runs right after another's drain."""
     rounds = max(1, env.options.rounds)
-    k = max(1, env.options.ops // rounds)
+    k = ops_per_round(env.options.ops, rounds, c)
     pid = env.controller_pid()
     sides = {"driver": lambda: _calls_side(env, "driver", "driver", driver, lambda: procstat.cpu_seconds(pid),
                                            raw, c, k, notes, caller_cpu=procstat.self_cpu_seconds),
@@ -202,6 +204,13 @@ def _level(env: Environment, driver: DriverClient, embedded: EmbeddedClient, raw
         one["first"] = turn[0]
         out.append(one)
     return out
+
+
+def ops_per_round(ops: int, rounds: int, c: int) -> int:
+    """Calls per side and round at concurrency c: `ops` spread over the rounds, but at least
+    three waves of c. With fewer calls than c they all start at once, never reach concurrency
+    c, and the round's ops/s is set by its slowest call (the p99) rather than by throughput."""
+    return max(1, ops // max(1, rounds), WAVES * c)
 
 
 def _warm_up(env: Environment, driver: DriverClient, embedded: EmbeddedClient, raw: RawRbd) -> None:
@@ -328,10 +337,14 @@ def _json(level: dict[str, Any]) -> dict[str, Any]:
 def _tables(levels: list[dict[str, Any]], env: Environment, state: dict[str, str]) -> list[Table]:
     o = env.options
     k = max(1, o.ops // max(1, o.rounds))
+    per_level = ", ".join(f"{ops_per_round(o.ops, o.rounds, c)} at c={c}" for c in o.concurrency
+                          if ops_per_round(o.ops, o.rounds, c) != k)
     where = (f"{state['load']}; load average {state['loadavg_start']} → {state['loadavg_end']}, "
              f"all CPUs {state['cpu_busy']} busy")
     latency = Table(title=f"[{where}] latency in ms (client side, {report.mib(o.size_bytes)} MiB thin images), "
-                          f"{o.rounds} interleaved rounds × {k} ops per side, p50/p99 pooled over the rounds; "
+                          f"{o.rounds} interleaved rounds × {k} ops per side"
+                          f"{f' ({per_level}: {WAVES} waves of the concurrency)' if per_level else ''}, "
+                          "p50/p99 pooled over the rounds; "
                           "× = driver/raw, median over rounds (min–max)",
                     columns=["conc", "op", "driver p50", "driver p99", "driver ops/s", "raw baseline",
                              "raw p50", "raw p99", "raw ops/s", "p50 ×", "ops/s ×"])
@@ -445,7 +458,7 @@ def run(env: Environment) -> SectionResult:
             with _maybe_profile(env, result, first=not passes):
                 for c in env.options.concurrency:
                     log.info("controller [%s]: concurrency %d, %d rounds × %d ops", state["load"], c,
-                             env.options.rounds, max(1, env.options.ops // max(1, env.options.rounds)))
+                             env.options.rounds, ops_per_round(env.options.ops, env.options.rounds, c))
                     levels.append(aggregate(_level(env, driver, embedded, raw, c, result.notes), c))
             passes.append((state, levels))
         env.sample_controller("after the create/delete batches (idle)")

@@ -194,3 +194,13 @@ def test_cpu_jiffies_parse() -> None:
     assert machine.cpu_jiffies("") == (0, 0)
     assert machine.busy_fraction((0, 0), (50, 100)) == 0.5
     assert machine.busy_fraction((0, 0), (0, 0)) is None
+
+
+def test_a_round_keeps_every_concurrency_level_busy_for_three_waves() -> None:
+    """20 calls at concurrency 32 would all start at once: the round's ops/s would be its
+    slowest call's, not a throughput."""
+    assert controller_ops.ops_per_round(100, 5, 1) == 20
+    assert controller_ops.ops_per_round(100, 5, 8) == 24
+    assert controller_ops.ops_per_round(100, 5, 32) == 96
+    assert controller_ops.ops_per_round(8, 2, 1) == 4
+    assert controller_ops.ops_per_round(1000, 5, 32) == 200
