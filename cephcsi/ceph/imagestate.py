@@ -8,7 +8,8 @@ instants on Ceph 16 (and reading librbd's trash code) gives exactly these shapes
 
 - inside `create`: a directory entry alone, or a directory entry and id object with no header;
 - inside `trash_move`: a trash entry in state MOVING, with the directory entry and id object
-  both still there, only the directory entry, or neither (the header is always there);
+  both still there, only the directory entry, or neither (the header is always there); the
+  driver's own move (cephcsi.ceph.trash_move) can also leave only the id object;
 - inside `trash_remove` (and `remove`, which goes through the trash): a trash entry in state
   REMOVING, with or without its header.
 

@@ -178,3 +178,23 @@ def test_a_mirrored_image_is_left_to_librbd(io: rados.Ioctx, image: tuple[str, s
                 opened.mirror_image_disable(False)
     finally:
         rbd.RBD().mirror_mode_set(io, before)
+
+
+def test_the_move_works_in_a_rados_namespace(io: rados.Ioctx) -> None:
+    """A namespace has its own directory, trash and mirroring objects; the move writes those."""
+    namespace = f"ns-{uuid.uuid4().hex[:8]}"
+    rbd.RBD().namespace_create(io, namespace)
+    try:
+        io.set_namespace(namespace)
+        name, image_id = _made(io, rbd.RBD_FEATURE_LAYERING)
+        assert trash_move.Eligibility(io, image_id).result()
+        trash_move.move(io, name, image_id)
+        assert [entry["name"] for entry in rbd.RBD().trash_list(io)] == [name]
+        assert rbd.RBD().list(io) == []
+        rbd.RBD().trash_restore(io, image_id, name)
+        with rbd.Image(io, name) as image:
+            assert image.read(0, 4) == b"data"
+        rbd.RBD().remove(io, name)
+    finally:
+        io.set_namespace("")
+        rbd.RBD().namespace_remove(io, namespace)
