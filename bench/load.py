@@ -10,6 +10,9 @@ from typing import Generic, TypeVar
 
 from bench.stats import Summary, summarize
 
+WAVES = 3
+"""Calls per round at a concurrency level are at least this many times the concurrency."""
+
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
@@ -53,3 +56,10 @@ def run_batch(op: Callable[[Item], Result], items: Sequence[Item], concurrency: 
             future.result()
         batch.wall_s = time.perf_counter() - started
     return batch
+
+
+def ops_per_round(ops: int, rounds: int, c: int) -> int:
+    """Calls per side and round at concurrency c: `ops` spread over the rounds, but at least
+    three waves of c. With fewer calls than c they all start at once, never reach concurrency
+    c, and the round's ops/s is set by its slowest call (the p99) rather than by throughput."""
+    return max(1, ops // max(1, rounds), WAVES * c)

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from bench import background, osdops, procstat, profile, report
 from bench.embedded import EmbeddedController
 from bench.environment import DRIVER_ARGS, Environment
-from bench.load import Batch, run_batch
+from bench.load import WAVES, Batch, ops_per_round, run_batch
 from bench.model import SectionResult, Table
 from bench.raw import RawRbd
 from bench.sections.base import Section
@@ -45,8 +45,6 @@ log = logging.getLogger("bench")
 NAME = "controller"
 TITLE = "1. CreateVolume/DeleteVolume: driver over gRPC and in-process vs raw python-rbd"
 RPC_TIMEOUT_S = 120.0
-WAVES = 3
-"""Calls per round at a concurrency level are at least this many times the concurrency."""
 Mode = csi_pb2.VolumeCapability.AccessMode
 
 
@@ -204,13 +202,6 @@ def _level(env: Environment, driver: DriverClient, embedded: EmbeddedClient, raw
         one["first"] = turn[0]
         out.append(one)
     return out
-
-
-def ops_per_round(ops: int, rounds: int, c: int) -> int:
-    """Calls per side and round at concurrency c: `ops` spread over the rounds, but at least
-    three waves of c. With fewer calls than c they all start at once, never reach concurrency
-    c, and the round's ops/s is set by its slowest call (the p99) rather than by throughput."""
-    return max(1, ops // max(1, rounds), WAVES * c)
 
 
 def _warm_up(env: Environment, driver: DriverClient, embedded: EmbeddedClient, raw: RawRbd) -> None:

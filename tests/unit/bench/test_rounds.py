@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench import background, machine, report
+from bench import background, load, machine, report
 from bench.load import Batch
 from bench.model import Table
 from bench.sections import controller_ops, node_ops
@@ -199,8 +199,8 @@ def test_cpu_jiffies_parse() -> None:
 def test_a_round_keeps_every_concurrency_level_busy_for_three_waves() -> None:
     """20 calls at concurrency 32 would all start at once: the round's ops/s would be its
     slowest call's, not a throughput."""
-    assert controller_ops.ops_per_round(100, 5, 1) == 20
-    assert controller_ops.ops_per_round(100, 5, 8) == 24
-    assert controller_ops.ops_per_round(100, 5, 32) == 96
-    assert controller_ops.ops_per_round(8, 2, 1) == 4
-    assert controller_ops.ops_per_round(1000, 5, 32) == 200
+    assert load.ops_per_round(100, 5, 1) == 20
+    assert load.ops_per_round(100, 5, 8) == 24
+    assert load.ops_per_round(100, 5, 32) == 96
+    assert load.ops_per_round(8, 2, 1) == 4
+    assert load.ops_per_round(1000, 5, 32) == 200
