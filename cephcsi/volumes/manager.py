@@ -363,6 +363,9 @@ class VolumeManager:
             # Snapshots or clones still read through it: librbd purges it after them.
             if dependents.defer_if_parent(io, state, snaps):
                 return
+        # The move by hand rests on what the header probe proved (no watcher, no snapshot) and on
+        # a name that the id object and the directory both map to this id; anything else, and
+        # every resumed move, is librbd's.
         if (state.live and unused_by_header and state.named_consistently and movable is not None
                 and state.image_id == movable.image_id and movable.result()):
             trash_move.move(io, state.name, state.image_id)
