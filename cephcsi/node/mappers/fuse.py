@@ -72,6 +72,8 @@ CONF_NAME = "ceph.conf"
 LOG_NAME = "rbd-fuse.log"
 KEY_PREFIX = "cephcsi-key-"
 _EXIT_WAIT = 10.0
+_BUSY_WAIT = 3.0
+"""How long the rbd-fuse mount may read busy once its loop devices are detached (`_unmount_fuse`)."""
 
 
 RBD_FUSE_DEFAULT_POOL = "rbd"
@@ -397,7 +399,7 @@ class FuseMapper:
     def _stop_fuse(self, mount_dir: str) -> None:
         """Unmount rbd-fuse (which makes it close the image and exit) and wait for the exit, so
         its watch on the image is gone when unstage returns."""
-        self.mounter.unmount(mount_dir)
+        self._unmount_fuse(mount_dir)
         for sig in (None, signal.SIGTERM, signal.SIGKILL):
             # Re-scanned each time: a pid is only signalled while it is still OUR rbd-fuse.
             pids = fuse_processes(mount_dir)
@@ -411,6 +413,22 @@ class FuseMapper:
                     except ProcessLookupError:
                         pass
             wait_for_exit(pids, _EXIT_WAIT if sig is None else 3.0)
+
+    def _unmount_fuse(self, mount_dir: str) -> None:
+        """The kernel can still hold a just-detached loop device's backing file for a moment after
+        sysfs stops showing it (the last reference goes in a deferred put), and a process orphaned
+        by a killed plugin (a `losetup` that opened the file) lets go of it on its own; either makes
+        the rbd-fuse mount read busy briefly. So a busy unmount is tried again for a few seconds
+        before it stands as the answer."""
+        deadline = time.monotonic() + _BUSY_WAIT
+        while True:
+            try:
+                self.mounter.unmount(mount_dir)
+                return
+            except FailedPrecondition:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.02)
 
     def _remove_work_dir(self, work_dir: str) -> None:
         """Remove only what we put there; rmdir (never rmtree) keeps any surprise intact."""

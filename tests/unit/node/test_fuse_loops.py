@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from cephcsi.errors import FailedPrecondition
 from cephcsi.node.mappers import fuse
 from cephcsi.node.mappers import loops
 from cephcsi.node.mappers.fuse import FuseMapper
@@ -163,3 +164,34 @@ def test_wait_for_exit_gives_up_at_its_timeout_and_skips_gone_pids() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+class BusyMounter(Mounter):
+    """Unmounts that read busy `busy_for` times, then succeed."""
+
+    def __init__(self, busy_for: int) -> None:
+        super().__init__(FakeRunner(lambda argv: None), 10)
+        self.busy_for = busy_for
+        self.calls = 0
+
+    def unmount(self, target: str) -> None:
+        self.calls += 1
+        if self.calls <= self.busy_for:
+            raise FailedPrecondition(f"cannot unmount {target}: it is busy")
+
+
+def test_a_briefly_busy_rbd_fuse_mount_is_unmounted(tmp_path: os.PathLike[str]) -> None:
+    """A detached loop device's backing file is let go of a moment after sysfs stops showing it."""
+    mounter = BusyMounter(busy_for=3)
+    mapper = FuseMapper(FakeRunner(lambda argv: None), 10, os.path.join(tmp_path, "state"), 5, lambda d, t: None, 5, mounter)
+    mapper._unmount_fuse(os.path.join(tmp_path, "mnt"))
+    assert mounter.calls == 4
+
+
+def test_a_mount_that_stays_busy_is_refused(tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fuse, "_BUSY_WAIT", 0.1)
+    mounter = BusyMounter(busy_for=10_000)
+    mapper = FuseMapper(FakeRunner(lambda argv: None), 10, os.path.join(tmp_path, "state"), 5, lambda d, t: None, 5, mounter)
+    with pytest.raises(FailedPrecondition, match="busy"):
+        mapper._unmount_fuse(os.path.join(tmp_path, "mnt"))
+    assert 2 <= mounter.calls < 100
