@@ -10,8 +10,10 @@ from typing import Generic, TypeVar
 
 from bench.stats import Summary, summarize
 
-WAVES = 3
-"""Calls per round at a concurrency level are at least this many times the concurrency."""
+WAVES = 10
+"""Calls per round at a concurrency level are at least this many times the concurrency: at c=32 a
+round of 3 waves (96 creates) lasted ≈ 0.1 s, so one stall of the cluster of a few tens of ms set
+its ops/s (single rounds from 0.46× to 1.35× of the same code); 10 waves last ≈ 0.35 s."""
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -58,8 +60,17 @@ def run_batch(op: Callable[[Item], Result], items: Sequence[Item], concurrency: 
     return batch
 
 
+@dataclass
+class TimedBatch:
+    """A batch of driver calls with the CPU they cost: the driver's, and the caller's when the
+    caller is a process of its own (the Go gRPC caller; None in-process, where they are one)."""
+    batch: Batch[str]
+    driver_cpu_s: float
+    caller_cpu_s: float | None = None
+
+
 def ops_per_round(ops: int, rounds: int, c: int) -> int:
     """Calls per side and round at concurrency c: `ops` spread over the rounds, but at least
-    three waves of c. With fewer calls than c they all start at once, never reach concurrency
+    WAVES waves of c. With fewer calls than c they all start at once, never reach concurrency
     c, and the round's ops/s is set by its slowest call (the p99) rather than by throughput."""
     return max(1, ops // max(1, rounds), WAVES * c)

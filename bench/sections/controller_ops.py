@@ -25,14 +25,15 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any
 
 from bench import background, osdops, procstat, profile, report
 from bench.embedded import EmbeddedController
 from bench.environment import DRIVER_ARGS, Environment
-from bench.load import WAVES, Batch, ops_per_round, run_batch
+from bench.go_caller import GoCaller
+from bench.load import WAVES, Batch, TimedBatch, ops_per_round, run_batch
 from bench.model import SectionResult, Table
 from bench.raw import RawRbd
 from bench.sections.base import Section
@@ -70,6 +71,9 @@ def _create_request(env: Environment, name: str, owner_keys: bool = False) -> cs
 
 
 class DriverClient:
+    """Single calls over gRPC from this process: the warm-up and the RADOS operation counts (the
+    timed rounds call from Go, bench.go_caller)."""
+
     def __init__(self, env: Environment) -> None:
         self.env = env
         self.stub = env.controller().controller
@@ -96,8 +100,9 @@ class EmbeddedClient:
     def create(self, name: str) -> str:
         return self.controller.create(_create_request(self.env, name, owner_keys=True))
 
-    def delete(self, volume_id: str) -> None:
+    def delete(self, volume_id: str) -> str:
         self.controller.delete(csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=self.secrets))
+        return volume_id
 
     def close(self) -> None:
         self.controller.close()
@@ -127,32 +132,34 @@ BASELINES = (("raw_remove", "RBD.remove"), ("raw_trash_remove", "trash_move+tras
              ("raw_trash_mgr", "trash_move+mgr purge"))
 
 
-class VolumeClient(Protocol):
-    def create(self, name: str) -> str: ...
-
-    def delete(self, volume_id: str) -> None: ...
+SideCall = Callable[[Sequence[str], int], TimedBatch]
+"""One batch of a path's calls at a concurrency, with the CPU they cost."""
 
 
-def _calls_side(env: Environment, prefix: str, what: str, client: VolumeClient, cpu: Callable[[], float],
-                raw: RawRbd, c: int, k: int, notes: list[str],
-                caller_cpu: Callable[[], float] | None = None) -> dict[str, Any]:
-    """One round of one path (`prefix` driver: over gRPC, the cephcsi process's CPU clock;
-    embedded: in-process, this process's): k creates then their k deletes at concurrency c,
-    then the drain. `caller_cpu`: the calling process's clock too (the gRPC client's cost)."""
-    cpu0 = cpu()
-    caller0 = caller_cpu() if caller_cpu else 0.0
-    created = run_batch(client.create, _names(prefix[:3], c, k), c)
-    cpu1 = cpu()
-    caller1 = caller_cpu() if caller_cpu else 0.0
-    deleted = run_batch(client.delete, created.results, c)
-    cpu2 = cpu()
-    _check(created, f"c={c} {what} CreateVolume", notes)
-    _check(deleted, f"c={c} {what} DeleteVolume", notes)
-    return {f"{prefix}_create": created, f"{prefix}_delete": deleted,
-            f"{prefix}_cpu_create": _cpu_ms_per_op(cpu0, cpu1, len(created.latencies)),
-            f"{prefix}_cpu_delete": _cpu_ms_per_op(cpu1, cpu2, len(deleted.latencies)),
-            **({f"{prefix}_caller_cpu_create": _cpu_ms_per_op(caller0, caller1, len(created.latencies))}
-               if caller_cpu else {}),
+def in_process(op: Callable[[str], str]) -> SideCall:
+    """A batch of in-process calls: the driver runs in this process, so its CPU is this process's."""
+    def batch(items: Sequence[str], c: int) -> TimedBatch:
+        cpu0 = procstat.self_cpu_seconds()
+        done = run_batch(op, items, c)
+        return TimedBatch(done, procstat.self_cpu_seconds() - cpu0)
+    return batch
+
+
+def _calls_side(env: Environment, prefix: str, what: str, create: SideCall, delete: SideCall,
+                raw: RawRbd, c: int, k: int, notes: list[str]) -> dict[str, Any]:
+    """One round of one path (`prefix` driver: over gRPC from the Go caller, the cephcsi process's
+    CPU clock and the caller's own; embedded: in-process, this process's): k creates then their
+    k deletes at concurrency c, then the drain."""
+    created = create(_names(prefix[:3], c, k), c)
+    deleted = delete(created.batch.results, c)
+    _check(created.batch, f"c={c} {what} CreateVolume", notes)
+    _check(deleted.batch, f"c={c} {what} DeleteVolume", notes)
+    return {f"{prefix}_create": created.batch, f"{prefix}_delete": deleted.batch,
+            f"{prefix}_cpu_create": _cpu_ms_per_op(0.0, created.driver_cpu_s, len(created.batch.latencies)),
+            f"{prefix}_cpu_delete": _cpu_ms_per_op(0.0, deleted.driver_cpu_s, len(deleted.batch.latencies)),
+            **({f"{prefix}_caller_cpu_create": _cpu_ms_per_op(0.0, created.caller_cpu_s,
+                                                              len(created.batch.latencies))}
+               if created.caller_cpu_s is not None else {}),
             f"drain_{prefix}_s": raw.wait_trash_empty(env.options.drain_timeout_s)}
 
 
@@ -180,17 +187,15 @@ def _raw_side(env: Environment, raw: RawRbd, c: int, k: int, notes: list[str]) -
             "drain_raw_s": raw.wait_trash_empty(env.options.drain_timeout_s)}
 
 
-def _level(env: Environment, driver: DriverClient, embedded: EmbeddedClient, raw: RawRbd, c: int,
+def _level(env: Environment, caller: GoCaller, embedded: EmbeddedClient, raw: RawRbd, c: int,
            notes: list[str]) -> list[dict[str, Any]]:
     """`rounds` interleaved rounds at concurrency c; the side that goes first rotates (gRPC,
     in-process, raw; in-process, raw, gRPC; ...) so none always runs right after another's drain."""
     rounds = max(1, env.options.rounds)
     k = ops_per_round(env.options.ops, rounds, c)
-    pid = env.controller_pid()
-    sides = {"driver": lambda: _calls_side(env, "driver", "driver", driver, lambda: procstat.cpu_seconds(pid),
-                                           raw, c, k, notes, caller_cpu=procstat.self_cpu_seconds),
-             "embedded": lambda: _calls_side(env, "embedded", "in-process", embedded, procstat.self_cpu_seconds,
-                                             raw, c, k, notes),
+    sides = {"driver": lambda: _calls_side(env, "driver", "driver", caller.create, caller.delete, raw, c, k, notes),
+             "embedded": lambda: _calls_side(env, "embedded", "in-process", in_process(embedded.create),
+                                             in_process(embedded.delete), raw, c, k, notes),
              "raw": lambda: _raw_side(env, raw, c, k, notes)}
     order = list(sides)
     out = []
@@ -204,8 +209,13 @@ def _level(env: Environment, driver: DriverClient, embedded: EmbeddedClient, raw
     return out
 
 
-def _warm_up(env: Environment, driver: DriverClient, embedded: EmbeddedClient, raw: RawRbd) -> None:
+def _warm_up(env: Environment, driver: DriverClient, caller: GoCaller, embedded: EmbeddedClient,
+             raw: RawRbd) -> None:
     """Untimed: connect every path, fill caches, and let the first-call costs pass."""
+    warm = caller.create(_names("warm-go", 0, env.options.warmup), 1).batch
+    caller.delete(warm.results, 1)
+    if warm.errors:
+        raise RuntimeError(f"the Go gRPC caller's warm-up CreateVolume failed: {warm.errors[0]}")
     for name in _names("warm", 0, env.options.warmup):
         driver.delete(driver.create(name))
         embedded.delete(embedded.create(f"{name}-in-process"))
@@ -340,9 +350,8 @@ def _tables(levels: list[dict[str, Any]], env: Environment, state: dict[str, str
                     columns=["conc", "op", "driver p50", "driver p99", "driver ops/s", "raw baseline",
                              "raw p50", "raw p99", "raw ops/s", "p50 ×", "ops/s ×"])
     cpu = Table(title=f"[{where}] CPU ms per op, median over rounds (min–max) (driver: the cephcsi process; "
-                      "in-process and raw: the bench process; gRPC caller: the bench process while it calls the "
-                      "driver over gRPC, the client's share), × = driver/raw median (min–max); trash drain after "
-                      "each round",
+                      "in-process and raw: the bench process; gRPC caller: the Go caller process, bench/grpccaller), "
+                      "× = driver/raw median (min–max); trash drain after each round",
                 columns=["conc", "driver create", "raw create", "create CPU ×", "gRPC caller create", "driver delete",
                          "raw trash+mgr",
                          "delete CPU ×", "drain driver s", "drain raw s", "in-process create", "create CPU ×, in-process",
@@ -433,11 +442,14 @@ def run(env: Environment) -> SectionResult:
     result = SectionResult(name=NAME, title=TITLE)
     cluster = env.start_cluster()
     driver = DriverClient(env)
+    pid = env.controller_pid()
+    caller = GoCaller(env.controller().endpoint, cluster.parameters, cluster.secrets, env.options.size_bytes,
+                      RPC_TIMEOUT_S, server_clock=lambda: procstat.cpu_seconds(pid))
     embedded = EmbeddedClient(env)
     raw = RawRbd(cluster, env.options.size_bytes)
     passes: list[tuple[dict[str, str], list[dict[str, Any]]]] = []
     try:
-        _warm_up(env, driver, embedded, raw)
+        _warm_up(env, driver, caller, embedded, raw)
         try:
             op_counts = count_ops(env, driver, raw, min(20, env.options.ops))
         except Exception as error:  # noqa: BLE001 - a figure missing, not a failed section
@@ -450,7 +462,7 @@ def run(env: Environment) -> SectionResult:
                 for c in env.options.concurrency:
                     log.info("controller [%s]: concurrency %d, %d rounds × %d ops", state["load"], c,
                              env.options.rounds, ops_per_round(env.options.ops, env.options.rounds, c))
-                    levels.append(aggregate(_level(env, driver, embedded, raw, c, result.notes), c))
+                    levels.append(aggregate(_level(env, caller, embedded, raw, c, result.notes), c))
             passes.append((state, levels))
         env.sample_controller("after the create/delete batches (idle)")
         leftovers = [name for name in raw.images() if name.startswith(("bench-", "csi-vol-"))]
@@ -478,7 +490,8 @@ def run(env: Environment) -> SectionResult:
         "--mode=controller` (context=None: validation, logging, metrics and storage code as over gRPC, no gRPC hop), "
         "run in the bench process, with the claim owner keys deploy/'s --extra-create-metadata adds (written to the "
         "new image as metadata); over gRPC is what an external caller without that flag (csi-provisioner's default, "
-        "csi-sanity) pays.",
+        "csi-sanity) pays, called from Go (bench/grpccaller, grpc-go and the CSI spec's Go stubs) as those callers "
+        "are, one channel and a goroutine per call in flight.",
     ])
     # Later sections read the first pass (quiet unless only loaded passes ran) and the RPC count.
     first = passes[0][1] if passes else []
