@@ -25,87 +25,24 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from bench import background, osdops, procstat, profile, report
-from bench.embedded import EmbeddedController
-from bench.environment import DRIVER_ARGS, Environment
+from bench.controller_calls import RPC_TIMEOUT_S, DriverClient, EmbeddedClient, SideCall, in_process
+from bench.environment import Environment
 from bench.go_caller import GoCaller
-from bench.load import WAVES, Batch, TimedBatch, ops_per_round, run_batch
+from bench.load import WAVES, Batch, ops_per_round, run_batch
 from bench.model import SectionResult, Table
 from bench.raw import RawRbd
 from bench.sections.base import Section
 from bench.stats import Spread, Summary, percentile, pooled, ratio_spread, spread
-from cephcsi._generated import csi_pb2
-from cephcsi.volumes.metadata import PV_NAME_KEY, PVC_NAME_KEY, PVC_NAMESPACE_KEY
 
 log = logging.getLogger("bench")
 
 NAME = "controller"
 TITLE = "1. CreateVolume/DeleteVolume: driver over gRPC and in-process vs raw python-rbd"
-RPC_TIMEOUT_S = 120.0
-Mode = csi_pb2.VolumeCapability.AccessMode
-
-
-OWNER_NAMESPACE = "bench"
-
-
-def _create_request(env: Environment, name: str, owner_keys: bool = False) -> csi_pb2.CreateVolumeRequest:
-    """With `owner_keys`, the parameters the embedded provisioner adds under deploy/'s
-    `--extra-create-metadata` (claim name and namespace, PV name), which the driver writes to the
-    new image as metadata: the shipped path's CreateVolume."""
-    cluster = env.start_cluster()
-    parameters = dict(cluster.parameters)
-    if owner_keys:
-        parameters.update({PVC_NAME_KEY: name, PVC_NAMESPACE_KEY: OWNER_NAMESPACE, PV_NAME_KEY: name})
-    return csi_pb2.CreateVolumeRequest(
-        name=name,
-        capacity_range=csi_pb2.CapacityRange(required_bytes=env.options.size_bytes),
-        volume_capabilities=[csi_pb2.VolumeCapability(
-            mount=csi_pb2.VolumeCapability.MountVolume(), access_mode=Mode(mode=Mode.SINGLE_NODE_WRITER))],
-        parameters=parameters,
-        secrets=cluster.secrets,
-    )
-
-
-class DriverClient:
-    """Single calls over gRPC from this process: the warm-up and the RADOS operation counts (the
-    timed rounds call from Go, bench.go_caller)."""
-
-    def __init__(self, env: Environment) -> None:
-        self.env = env
-        self.stub = env.controller().controller
-        self.secrets = env.start_cluster().secrets
-
-    def create(self, name: str) -> str:
-        reply = self.stub.CreateVolume(_create_request(self.env, name), timeout=RPC_TIMEOUT_S)
-        return str(reply.volume.volume_id)
-
-    def delete(self, volume_id: str) -> None:
-        self.stub.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=self.secrets),
-                               timeout=RPC_TIMEOUT_S)
-
-
-class EmbeddedClient:
-    """The same calls in-process (bench.embedded), as the embedded provisioner makes them."""
-
-    def __init__(self, env: Environment) -> None:
-        self.env = env
-        self.secrets = env.start_cluster().secrets
-        assert env.config_file is not None
-        self.controller = EmbeddedController(str(env.config_file), DRIVER_ARGS, env.workdir / "embedded-controller.log")
-
-    def create(self, name: str) -> str:
-        return self.controller.create(_create_request(self.env, name, owner_keys=True))
-
-    def delete(self, volume_id: str) -> str:
-        self.controller.delete(csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=self.secrets))
-        return volume_id
-
-    def close(self) -> None:
-        self.controller.close()
 
 
 def _names(kind: str, concurrency: int, count: int) -> list[str]:
@@ -130,19 +67,6 @@ PATHS = (("driver", ""), ("embedded", "in-process"))
 """(batch prefix, label): the driver over gRPC, and in-process (ratio keys prefixed `embedded_`)."""
 BASELINES = (("raw_remove", "RBD.remove"), ("raw_trash_remove", "trash_move+trash_remove"),
              ("raw_trash_mgr", "trash_move+mgr purge"))
-
-
-SideCall = Callable[[Sequence[str], int], TimedBatch]
-"""One batch of a path's calls at a concurrency, with the CPU they cost."""
-
-
-def in_process(op: Callable[[str], str]) -> SideCall:
-    """A batch of in-process calls: the driver runs in this process, so its CPU is this process's."""
-    def batch(items: Sequence[str], c: int) -> TimedBatch:
-        cpu0 = procstat.self_cpu_seconds()
-        done = run_batch(op, items, c)
-        return TimedBatch(done, procstat.self_cpu_seconds() - cpu0)
-    return batch
 
 
 def _calls_side(env: Environment, prefix: str, what: str, create: SideCall, delete: SideCall,
