@@ -64,4 +64,7 @@ tests/e2e/node/build.sh >/dev/null
 # (~4 min on 2 cores the first time; cached outside the repo like the control plane).
 log "fetching the snapshot CRDs and building snapshot-controller (cached after the first run)"
 tests/controlplane/snapshotter_build.sh >/dev/null
+# bench/'s Go gRPC caller (section 1; its integration test runs it): a few seconds, cached by its sources.
+log "building bench/grpccaller (cached after the first run)"
+"$VENV/bin/python" -c "from bench import go_caller; go_caller.build()"
 log "done"
