@@ -26,7 +26,7 @@ import rados
 from rados import Ioctx
 
 from cephcsi.ceph.credentials import Credentials
-from cephcsi.ceph import pool_defaults, pool_validation
+from cephcsi.ceph import cephx_keys, pool_defaults, pool_validation
 from cephcsi.ceph.errors import CONNECTION_LOST, ceph_call, error_number
 from cephcsi.config.clusters import ClusterConfig
 from cephcsi.errors import CephCSIError, Internal, NotFound, PermissionDenied, Unavailable
@@ -49,7 +49,10 @@ Clock = Callable[[], float]
 
 
 def open_rados(cluster: ClusterConfig, credentials: Credentials, settings: CephSettings) -> rados.Rados:
-    """A connected librados handle with every op timeout set; raises rados.Error."""
+    """A connected librados handle with every op timeout set; raises rados.Error, or
+    FailedPrecondition for a key this librados cannot read (checked before it sees the key:
+    librados would print the key on stderr, see cephcsi.ceph.cephx_keys)."""
+    cephx_keys.check_usable(credentials.key_info, cephx_keys.library_client())
     conf = {
         "mon_host": cluster.mon_host,
         "key": credentials.key,
@@ -185,6 +188,8 @@ class Connection:
         except rados.Error as error:
             attempt.error = self._connect_error(error)
             attempt.error.__cause__ = error
+        except CephCSIError as error:  # the opener's own verdict (a key this client cannot read)
+            attempt.error = error
         except Exception as error:  # noqa: BLE001 - becomes the outcome every waiter gets
             attempt.error = Internal(f"connecting to {self._where} failed unexpectedly: {error!r}; see the driver log")
             attempt.error.__cause__ = error
@@ -232,15 +237,18 @@ class Connection:
 
     def _connect_error(self, error: rados.Error) -> CephCSIError:
         number = error_number(error)
+        # The key's cipher decides the advice: a Tentacle cluster refuses a valid legacy aes key
+        # unless it allows that cipher, and "check the userKey" would send the operator to the
+        # wrong place (cephx_keys.refusal_hint).
+        hint = cephx_keys.refusal_hint(self.credentials.key_info, cephx_keys.library_client())
         if number in (errno.EPERM, errno.EACCES, errno.EINVAL):
             return PermissionDenied(
-                f"cephx authentication as {self.credentials.user_id!r} failed on {self._where}: "
-                "check the secret's userID/userKey"
+                f"cephx authentication as {self.credentials.user_id!r} failed on {self._where}. {hint}"
             )
         return Unavailable(
             f"cannot connect to {self._where} as {self.credentials.user_id!r} within "
             f"{self.settings.mount_timeout:g}s: {error.__class__.__name__}; check that the monitors are reachable "
-            "(a cephx key the monitors do not accept also ends this way)"
+            f"(a cephx key the monitors do not accept also ends this way. {hint})"
         )
 
     def close(self) -> None:

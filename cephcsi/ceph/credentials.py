@@ -6,8 +6,6 @@ removed as soon as the command has read it.
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import os
 import tempfile
@@ -15,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from cephcsi.ceph import cephx_keys
 from cephcsi.errors import InvalidArgument
 
 USER_ID_KEY = "userID"
@@ -39,14 +38,15 @@ class Credentials:
             user_id = user_id[len("client."):]
         if not user_id or any(c.isspace() or c in "/[]" for c in user_id):
             raise InvalidArgument("secrets userID is not a valid cephx user name")
-        if not is_cephx_key(key):
-            # librados prints a key it cannot decode to stderr, so a malformed key must never
-            # reach it; the message does not echo the key either.
-            raise InvalidArgument(
-                "secrets userKey is not a cephx key (expected the base64 'key' value of "
-                "`ceph auth get client.<user>`, 40 characters starting with AQ)"
-            )
+        # librados prints a key it cannot decode to stderr, so a malformed key must never
+        # reach it; the message does not echo the key either (cephcsi.ceph.cephx_keys).
+        cephx_keys.inspect(key, USER_KEY_KEY)
         return cls(user_id, key)
+
+    @property
+    def key_info(self) -> cephx_keys.KeyInfo:
+        """The key's cipher (checked well-formed when the credentials were built)."""
+        return cephx_keys.inspect(self.key, USER_KEY_KEY)
 
     @property
     def fingerprint(self) -> str:
@@ -55,16 +55,12 @@ class Credentials:
 
 
 def is_cephx_key(key: str) -> bool:
-    """A cephx secret is base64 of: type (2 bytes), creation time (8), length (2), secret."""
+    """A well-formed aes or aes256k key (see cephcsi.ceph.cephx_keys)."""
     try:
-        raw = base64.b64decode(key, validate=True)
-    except (binascii.Error, ValueError):
+        cephx_keys.inspect(key)
+    except InvalidArgument:
         return False
-    if len(raw) < 12:
-        return False
-    key_type = int.from_bytes(raw[0:2], "little")
-    secret_length = int.from_bytes(raw[10:12], "little")
-    return key_type != 0 and secret_length > 0 and len(raw) == 12 + secret_length
+    return True
 
 
 @contextmanager

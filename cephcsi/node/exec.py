@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -22,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from cephcsi.ceph import cephx_keys
+from cephcsi.ceph.credentials import is_cephx_key
 from cephcsi.errors import DeadlineExceeded, FailedPrecondition, Internal
 from cephcsi.observability.logging import fields
 
@@ -62,11 +65,19 @@ def tail(text: str, limit: int = _STDERR_TAIL) -> str:
     return text if len(text) <= limit else "..." + text[-limit:]
 
 
+# Candidates for a cephx key in base64 (40 or 60 characters as Ceph makes them; see
+# cephcsi.ceph.cephx_keys), standing alone; is_cephx_key decides.
+_KEY_SHAPED = re.compile(r"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/]{38,400}={0,2}(?![A-Za-z0-9+/=])")
+
+
 def scrub(text: str, secrets: Sequence[str]) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
+    """`text` without the given secrets in any form a tool could print them (a cephx key also as
+    re-encoded, its secret alone in base64 and hex: cephx_keys.forms) and without anything else
+    that decodes as a cephx key (a tool may print one we did not give it, e.g. from a keyring)."""
+    forms = {form for secret in secrets if secret for form in cephx_keys.forms(secret)}
+    for form in sorted(forms, key=len, reverse=True):  # a longer form first: it may contain a shorter
+        text = text.replace(form, "***")
+    return _KEY_SHAPED.sub(lambda m: "***" if is_cephx_key(m.group()) else m.group(), text)
 
 
 def check_argv(argv: Sequence[str]) -> None:

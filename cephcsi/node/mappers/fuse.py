@@ -61,6 +61,7 @@ from cephcsi.node import mounts
 from cephcsi.node.exec import CommandFailed, Runner, tail
 from cephcsi.node.mappers import loops
 from cephcsi.node.mappers.base import FUSE, MapRequest
+from cephcsi.node.mappers.tool_keys import ToolKeys
 from cephcsi.node.stage_record import LoopBacking, StageRecord
 from cephcsi.observability.logging import fields
 
@@ -189,6 +190,7 @@ class FuseMapper:
         self.wait_for_device = wait_for_device
         self.device_timeout = device_timeout
         self.mounter = mounter
+        self.keys = ToolKeys(runner, timeout)
 
     def work_dir_for(self, volume_id: str, staging_path: str) -> str:
         digest = hashlib.sha256(f"{volume_id}\0{staging_path}".encode()).hexdigest()[:24]
@@ -263,6 +265,7 @@ class FuseMapper:
 
     def _start_fuse(self, request: MapRequest, mount_dir: str, backing: str) -> None:
         what = f"start rbd-fuse for {request.image}"
+        self.keys.check(request.credentials)
         with key_file(request.credentials, directory=request.work_dir) as keyfile:
             conf = self._write_conf(request.work_dir, request.monitors, keyfile)
             argv = rbd_fuse_argv(conf, request.credentials.user_id, request.image.pool, request.image.namespace, request.image.image, mount_dir)

@@ -25,6 +25,7 @@ from cephcsi.errors import (
 )
 from cephcsi.node.exec import CommandFailed, Runner, tail
 from cephcsi.node.mappers.base import MapRequest
+from cephcsi.node.mappers.tool_keys import ToolKeys
 from cephcsi.node.stage_record import ImageSpec, StageRecord
 from cephcsi.observability.logging import fields
 
@@ -102,6 +103,7 @@ class RbdDeviceMapper:
         self.timeout = timeout
         self.wait_for_device = wait_for_device
         self.device_timeout = device_timeout
+        self.keys = ToolKeys(runner, timeout)
 
     def work_dir_for(self, volume_id: str, staging_path: str) -> str:
         return ""
@@ -173,6 +175,7 @@ class RbdDeviceMapper:
             log.info("image already mapped", extra=fields(image=str(request.image), device=existing, mapper=self.name))
             return existing
         what = f"map image {request.image} with {self.name}"
+        self.keys.check(request.credentials)
         with key_file(request.credentials) as keyfile:
             try:
                 result = self.run(

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 
 CLUSTER = ClusterConfig("c1", ("127.0.0.1:1",))
 OTHER = ClusterConfig("c2", ("127.0.0.2:1",))
-USER = Credentials("csi", "AQBsecretsecretsecretsecretsecretsecret==")
+USER = Credentials("csi", "AQAAAAAAAAAAABAAbWFkZS11cC1zZWNyZXQhIQ==")  # a well-formed aes key (secret made up)
 
 
 @dataclass
