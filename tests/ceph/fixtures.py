@@ -1,4 +1,26 @@
-"""pytest fixtures for the real one-node Ceph cluster started by tests/ceph/cluster.sh."""
+"""pytest fixtures for the real one-node Ceph cluster started by tests/ceph/cluster.sh.
+
+Ceph releases: the host's Pacific 16.2.15, and Reef 18.2.7 (Debian trixie) and Tentacle 20.2.4
+(sid) from roots tests/ceph/releases.sh debootstraps (cached under ~/.cache/cephcsi; the daemons
+and the admin CLI run through chroot, on 127.0.0.8 and 127.0.0.9). Python API:
+
+    start_cluster(directory, release="pacific"|"reef"|"tentacle", auth="stock"|"legacy")
+        -> CephTestCluster            # builds the release's root first if it is not cached
+    stop_cluster(directory)            # stops the daemons, unmounts what start bound
+    release_root(release) -> str       # the root's path (built once, then cached)
+    session_release(name) -> (release, auth)   # "tentacle-legacy" -> ("tentacle", "legacy")
+
+A CephTestCluster says what it is: `release`, `version` ("18.2.7"), `auth` and `key_type` ("aes"
+for `AQ...` keys, "aes256k" for `Ag...` ones: Tentacle's stock keys, which Pacific and Reef
+clients cannot parse), `root` ("" for the host's packages). `admin(tool, ...)` runs a ceph/rbd
+command of the cluster's own release; `cli(tool, ...)` gives that argv.
+
+The session fixture `ceph_cluster` runs the release `--ceph-release` names (pacific by default,
+or CEPHCSI_CEPH_RELEASE): pacific, reef, tentacle-legacy (aes keys, as an upgraded cluster has;
+the host's Pacific client works) or tentacle (stock aes256k keys: needs a Tentacle client).
+A test that cannot hold on some release says so with
+`@pytest.mark.ceph_releases("pacific", ..., reason="...")` and is skipped elsewhere with that reason.
+"""
 from __future__ import annotations
 
 import json
@@ -17,7 +39,10 @@ if TYPE_CHECKING:
     import rados  # imported at run time inside the methods that use it, as before
 
 SCRIPT = pathlib.Path(__file__).with_name("cluster.sh")
+RELEASES_SCRIPT = pathlib.Path(__file__).with_name("releases.sh")
 CLUSTER_ID = "test-cluster"
+SESSION_RELEASES = ("pacific", "reef", "tentacle-legacy", "tentacle")
+"""The values of --ceph-release: a release, and `-legacy` for Tentacle with aes keys."""
 
 
 @dataclass
@@ -32,6 +57,18 @@ class CephTestCluster:
     cluster_id: str = CLUSTER_ID
     pool2: str = ""
     """A second RBD pool the csi user may use (for volumes journaled in `pool`, imaged here)."""
+    release: str = "pacific"
+    version: str = ""
+    auth: str = "stock"
+    key_type: str = "aes"
+    """aes (`AQ...`) or aes256k (`Ag...`): the type of the admin and csi keys."""
+    root: str = ""
+    """The release root the daemons and the admin CLI run in ("" for the host's packages)."""
+
+    @property
+    def session_name(self) -> str:
+        """The --ceph-release value naming this cluster's kind (e.g. "tentacle-legacy")."""
+        return f"{self.release}-legacy" if self.auth == "legacy" else self.release
 
     @property
     def secrets(self) -> dict[str, str]:
@@ -47,12 +84,14 @@ class CephTestCluster:
         pathlib.Path(path).write_text(json.dumps(doc))
         return str(path)
 
+    def cli(self, tool: str, *args: str) -> list[str]:
+        """The argv of a ceph/rbd CLI command as client.admin, from the cluster's own release."""
+        argv = [tool, "-c", self.conf, *args]
+        return ["chroot", self.root, *argv] if self.root else argv
+
     def admin(self, *args: str, timeout: float = 60) -> str:
         """Run a ceph/rbd CLI command as client.admin (tests only)."""
-        tool, rest = args[0], args[1:]
-        out = subprocess.run(
-            [tool, "-c", self.conf, *rest], check=True, capture_output=True, text=True, timeout=timeout
-        )
+        out = subprocess.run(self.cli(*args), check=True, capture_output=True, text=True, timeout=timeout)
         return out.stdout
 
     def images(self) -> list[str]:
@@ -108,9 +147,32 @@ class CephTestCluster:
         subprocess.run([str(SCRIPT), "thaw", self.directory], check=True, timeout=60)
 
 
-def start_cluster(directory: str) -> CephTestCluster:
+def session_release(name: str) -> tuple[str, str]:
+    """(release, auth) of a --ceph-release value."""
+    if name not in SESSION_RELEASES:
+        raise ValueError(f"unknown Ceph release {name!r} (one of {', '.join(SESSION_RELEASES)})")
+    release, _, legacy = name.partition("-")
+    return release, "legacy" if legacy else "stock"
+
+
+def release_root(release: str) -> str:
+    """The root holding `release`'s packages, debootstrapped the first time (~3-4 min), then cached."""
+    out = subprocess.run([str(RELEASES_SCRIPT), "build", release], check=True, capture_output=True, text=True,
+                         timeout=1800)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def start_cluster(directory: str, release: str = "pacific", auth: str = "stock") -> CephTestCluster:
+    """A one-node cluster of `release` in `directory` (keep the path short: unix sockets)."""
+    script_env = dict(os.environ)
+    for name in ("CEPH_RELEASE", "CEPH_AUTH", "CEPH_ROOT"):
+        script_env.pop(name, None)
+    if release != "pacific":
+        script_env.update(CEPH_RELEASE=release, CEPH_ROOT=release_root(release))
+    if auth != "stock":
+        script_env["CEPH_AUTH"] = auth
     env_path = subprocess.run(
-        [str(SCRIPT), "start", directory], check=True, capture_output=True, text=True, timeout=300
+        [str(SCRIPT), "start", directory], check=True, capture_output=True, text=True, timeout=300, env=script_env
     ).stdout.strip().splitlines()[-1]
     env: dict[str, str] = {}
     for line in pathlib.Path(env_path).read_text().splitlines():
@@ -125,6 +187,11 @@ def start_cluster(directory: str) -> CephTestCluster:
         key=env["CEPH_CSI_KEY"],
         admin_key=env["CEPH_ADMIN_KEY"],
         pool2=env.get("CEPH_POOL2", ""),
+        release=env.get("CEPH_RELEASE", "pacific"),
+        version=env.get("CEPH_VERSION", ""),
+        auth=env.get("CEPH_AUTH", "stock"),
+        key_type=env.get("CEPH_KEY_TYPE", "aes"),
+        root=env.get("CEPH_ROOT", ""),
     )
 
 
@@ -132,15 +199,49 @@ def stop_cluster(directory: str) -> None:
     subprocess.run([str(SCRIPT), "stop", directory], check=False, timeout=120)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--ceph-release", choices=SESSION_RELEASES, default=os.environ.get("CEPHCSI_CEPH_RELEASE", "pacific"),
+        help="the Ceph release of the session's test cluster (default: pacific, the host's own; "
+             "tentacle-legacy: Tentacle with aes keys, which the host's Pacific client can use)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "ceph_releases(*names, reason): the test holds only on these --ceph-release values "
+                   "(skipped, with the reason, on the others)")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"ceph test cluster: --ceph-release={config.getoption('--ceph-release')}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    current = str(config.getoption("--ceph-release"))
+    for item in items:
+        marker = item.get_closest_marker("ceph_releases")
+        if marker is None:
+            continue
+        reason = marker.kwargs.get("reason")
+        if not reason:
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.ceph_releases needs a reason")
+        unknown = set(marker.args) - set(SESSION_RELEASES)
+        if unknown:
+            raise pytest.UsageError(f"{item.nodeid}: unknown Ceph releases {sorted(unknown)}")
+        if current not in marker.args:
+            item.add_marker(pytest.mark.skip(reason=f"not on Ceph {current}: {reason}"))
+
+
 @pytest.fixture(scope="session")
-def ceph_cluster() -> Iterator[CephTestCluster]:
+def ceph_cluster(request: pytest.FixtureRequest) -> Iterator[CephTestCluster]:
+    release, auth = session_release(str(request.config.getoption("--ceph-release")))
     # Short path: unix socket names under it must stay below 107 bytes.
     directory = tempfile.mkdtemp(prefix="cc-", dir="/tmp")
     try:
-        cluster = start_cluster(directory)
+        cluster = start_cluster(directory, release=release, auth=auth)
     except subprocess.CalledProcessError as error:
         stop_cluster(directory)
-        pytest.fail(f"could not start the Ceph test cluster: {error.stderr}")
+        pytest.fail(f"could not start the Ceph {release} test cluster: {error.stderr}")
     try:
         yield cluster
     finally:
