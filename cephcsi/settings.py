@@ -25,6 +25,10 @@ class CephSettings:
     inline_purge_seconds: float = 20.0
     """How long a DeleteVolume waits for an inline trash purge (only when the mgr refuses the
     background task) before answering UNAVAILABLE; the purge goes on and a retry joins it."""
+    rbd_hand_writes: str = "auto"
+    """--rbd-hand-writes: `auto` writes new images and trash moves by hand only on Ceph releases
+    verified against librbd (cephcsi.ceph.verified), `always` wherever the layout allows,
+    `never` leaves every image object to librbd."""
     connect_failure_memory: float = 5.0
     """A failed connect is answered from memory to every caller for this long (at most
     mount_timeout), then retried: callers fail at once instead of each waiting a mount timeout,

@@ -187,6 +187,8 @@ def image_findings(snap: Snapshot) -> list[Finding]:
             continue  # a trash move in progress or interrupted: judged with the trash
         if image_id not in snap.headers:
             found.append(_partial_create(name, image_id, uuid, journal))
+        elif name not in snap.directory:
+            found.append(_unlisted(name, image_id, uuid, journal))
         elif uuid and journal and name not in claimed and name in snap.id_objects:
             found.append(replace(_orphan_image(snap, name, image_id, uuid, journal), journal=journal))
     # A header written under a record's planned id is that record's: a killed create's, which
@@ -205,6 +207,13 @@ def _partial_create(name: str, image_id: str, uuid: str, journal: JournalType | 
                    "image header: the debris of a create that was killed (holds no data)",
                    uuid=uuid, image_name=name, image_id=image_id, ours=bool(uuid), journal=journal,
                    fix=Fix.REMOVE_PARTIAL if uuid else None,
+                   why_not="" if uuid else "not named like this driver's images")
+
+
+def _unlisted(name: str, image_id: str, uuid: str, journal: JournalType | None) -> Finding:
+    return Finding(Kind.UNLISTED_IMAGE, name, f"image header and id object (id {image_id}) without a directory "
+                   "entry: a create killed just before it listed the image", uuid=uuid, image_name=name,
+                   image_id=image_id, ours=bool(uuid), journal=journal, fix=Fix.LIST_IMAGE if uuid else None,
                    why_not="" if uuid else "not named like this driver's images")
 
 

@@ -28,6 +28,9 @@ class Kind(str, enum.Enum):
     TRASH_UNQUEUED = "trash-unqueued"
     PARTIAL_CREATE = "partial-create"
     STRAY_HEADER = "stray-header"
+    UNLISTED_IMAGE = "unlisted-image"
+    """A header and id object without a directory entry: a create killed just before it listed
+    the image (a librbd that writes the directory entry last, ceph/ceph PR 68612)."""
     PV_IMAGE_GONE = "pv-image-gone"
     IMAGE_WITHOUT_PV = "image-without-pv"
     TEMP_SNAPSHOT = "temp-snapshot"
@@ -63,6 +66,7 @@ class Fix(str, enum.Enum):
     FINISH_MOVE = "finish-trash-move-and-purge"
     PURGE = "queue-trash-purge"
     REMOVE_PARTIAL = "remove-partial-create"
+    LIST_IMAGE = "add-directory-entry"
     TRASH_ORPHAN = "move-orphan-to-trash"
     REMOVE_TEMP_SNAP = "remove-temporary-snapshot"
     COPY_METADATA = "copy-pending-metadata"

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 # Order of work: debris and trash first, so a record's repair then finds its image gone or queued.
 # Temporary snapshots first, while the entries that name the calls which left them still exist.
-ORDER = (Fix.REMOVE_TEMP_SNAP, Fix.REMOVE_PARTIAL, Fix.FINISH_MOVE, Fix.PURGE, Fix.TRASH_ORPHAN, Fix.REMOVE_RECORD,
+ORDER = (Fix.REMOVE_TEMP_SNAP, Fix.REMOVE_PARTIAL, Fix.LIST_IMAGE, Fix.FINISH_MOVE, Fix.PURGE, Fix.TRASH_ORPHAN, Fix.REMOVE_RECORD,
          Fix.RELEASE_KEY, Fix.RELEASE_SPLIT_KEY, Fix.COPY_METADATA)
 
 
@@ -160,6 +160,14 @@ def _remove_partial(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
     if not state.partial_create:
         raise _Resolved("no longer a partial create")
     return _take_out(ctx, state)
+
+
+def _list_image(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
+    state = _inspect(ctx, finding)
+    if not state.unlisted:
+        raise _Resolved("no longer a header and id object without a directory entry")
+    images.list_unlisted(ctx.io, state.name, state.image_id)
+    return "added the directory entry the killed create left out"
 
 
 def _finish_trash(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
@@ -306,6 +314,7 @@ def _utc(epoch: float) -> str:
 
 ACTIONS: dict[Fix, Callable[[RepairContext, Finding, Hold], str]] = {
     Fix.REMOVE_PARTIAL: _remove_partial,
+    Fix.LIST_IMAGE: _list_image,
     Fix.FINISH_MOVE: _finish_trash,
     Fix.PURGE: _finish_trash,
     Fix.REMOVE_RECORD: _remove_record,

@@ -7,6 +7,7 @@ as a "watcher" that would block a concurrent DeleteVolume. Opens are the expensi
 """
 from __future__ import annotations
 
+import errno
 import logging
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ import rados
 import rbd
 
 from cephcsi.ceph import encoding, omap
-from cephcsi.ceph.errors import ceph_call
+from cephcsi.ceph.errors import ceph_call, error_number
 from cephcsi.errors import Internal
 from cephcsi.observability.logging import fields
 
@@ -154,6 +155,30 @@ def remove_headerless(io: rados.Ioctx, name: str) -> ImageInfo | None:
         if listed_id:
             remove_from_directory(io, name, listed_id)
     return None
+
+
+def list_unlisted(io: rados.Ioctx, name: str, image_id: str) -> None:
+    """Add the directory entry a create killed just before it left out (a librbd that writes the
+    directory entry last, ceph/ceph PR 68612): the header and id object of `image_id` exist and
+    nothing else lists the name or the id (`imagestate.ImageState.unlisted`, read by the caller
+    under the volume's lease). What that librbd would have written next, so the image is then
+    one like any other: listed by `rbd ls`, moved to the trash by librbd."""
+    log.warning("listing an image whose create was killed before its directory entry",
+                extra=fields(image=name, image_id=image_id))
+    request = encoding.string(name) + encoding.string(image_id)
+    with ceph_call("add a created image to the directory", f"image {name!r}"):
+        try:
+            io.execute(DIRECTORY, "rbd", "dir_add_image", request)
+        except rados.ObjectExists:
+            listed = (omap.read_raw(io, DIRECTORY, (f"name_{name}",)) or {}).get(f"name_{name}")
+            if listed is None or encoding.read_string(listed)[0] != image_id:
+                raise Internal(f"image {name!r} (id {image_id}) cannot be listed: the directory lists the name "
+                               "or the id for another image; run `cephcsi audit` to inspect it") from None
+        except rados.Error as error:
+            if error_number(error) != errno.EBADF:
+                raise
+            raise Internal(f"image {name!r} (id {image_id}) cannot be listed: the directory lists its id under "
+                           "another name; run `cephcsi audit` to inspect it") from None
 
 
 def remove_from_directory(io: rados.Ioctx, name: str, image_id: str) -> None:

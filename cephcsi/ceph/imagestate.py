@@ -7,6 +7,10 @@ process killed *inside* a librbd call leaves these out of step. Killing python-r
 instants on Ceph 16 (and reading librbd's trash code) gives exactly these shapes:
 
 - inside `create`: a directory entry alone, or a directory entry and id object with no header;
+  and, from a librbd that writes the directory entry last (ceph/ceph PR 68612 proposed it), a
+  header and id object without a directory entry (`unlisted`: complete but for the listing,
+  which `images.list_unlisted` adds as that librbd would have), or a header alone (nothing
+  names it: the audit reports it as a stray header);
 - inside `trash_move`: a trash entry in state MOVING, with the directory entry and id object
   both still there, only the directory entry, or neither (the header is always there); the
   driver's own move (cephcsi.ceph.trash_move) can also leave only the id object;
@@ -96,17 +100,47 @@ class ImageState:
         return (self.id_object or self.directory) and not self.header and self.trash is None
 
     @property
+    def unlisted(self) -> bool:
+        """A create killed after its header and id object, before its directory entry (a librbd
+        writing the entry last): the image is whole and openable by name, but librbd's own
+        trash move refuses a name the directory lacks. `images.list_unlisted` finishes it."""
+        return self.header and self.id_object and not self.directory and self.trash is None
+
+    @property
     def gone(self) -> bool:
         return not (self.id_object or self.directory or self.header or self.trash)
 
 
+TRASH_SPEC_KNOWN = 2
+"""The newest TrashImageSpec encoding read here (ENCODE_START(2, 1), Pacific to Tentacle)."""
+TRASH_SOURCES_KNOWN = range(5)
+"""cls_rbd's trash sources: user, mirroring, migration, removing, user parent."""
+
+
 def decode_trash_entry(image_id: str, raw: bytes) -> TrashEntry:
     """cls_rbd TrashImageSpec: version, compat, length, source (u8), name, two utime_t,
-    then (version ≥ 2) the state (u8). Version-1 entries predate states: NORMAL."""
-    version, source = raw[0], raw[6]
-    name, offset = encoding.read_string(raw, 6 + 1)
-    offset += 16  # deletion time and deferment end time
-    state = TrashState(raw[offset]) if version >= 2 and len(raw) > offset else TrashState.NORMAL
+    then (version ≥ 2) the state (u8). Version-1 entries predate states: NORMAL.
+
+    Checked, never guessed at (encoding.UnknownEncoding): a compat version above 2, a value
+    shorter than its fields, and a source or state value cls_rbd did not have when this was
+    written. A version above 2 with compat ≤ 2 is read as Ceph reads it: the known fields,
+    then whatever follows is skipped."""
+    what = f"trash entry of image id {image_id!r}"
+    spec = encoding.read_versioned(raw, what, TRASH_SPEC_KNOWN)
+    encoding.require(raw, spec.start, 1, spec.end, what)
+    source = raw[spec.start]
+    if source not in TRASH_SOURCES_KNOWN:
+        raise encoding.UnknownEncoding(f"{what} has trash source {source}, unknown to this driver")
+    name, offset = encoding.read_string_within(raw, spec.start + 1, spec.end, what)
+    encoding.require(raw, offset, 16, spec.end, what)  # deletion time and deferment end time
+    offset += 16
+    if spec.version < 2:
+        return TrashEntry(image_id, name, TrashState.NORMAL, source)
+    encoding.require(raw, offset, 1, spec.end, what)
+    try:
+        state = TrashState(raw[offset])
+    except ValueError:
+        raise encoding.UnknownEncoding(f"{what} has trash state {raw[offset]}, unknown to this driver") from None
     return TrashEntry(image_id, name, state, source)
 
 

@@ -148,11 +148,21 @@ class HeaderParent:
 # bytes; u64 snap id; std::optional<u64> as u8 present + u64; little endian.
 
 
+PARENT_SPEC_KNOWN = 1
+"""The newest ParentImageSpec encoding read here (ENCODE_START(1, 1), Pacific to Tentacle)."""
+
+
 def decode_parent_spec(raw: bytes) -> HeaderParent | None:
-    """cls_rbd `parent_get`'s ParentImageSpec; None when the image has no parent (pool id −1)."""
-    (pool_id,) = struct.unpack_from("<q", raw, encoding.STRUCT_HEADER)
-    namespace, offset = encoding.read_string(raw, encoding.STRUCT_HEADER + 8)
-    image_id, offset = encoding.read_string(raw, offset)
+    """cls_rbd `parent_get`'s ParentImageSpec; None when the image has no parent (pool id −1).
+    A compat version above 1 or a short value: encoding.UnknownEncoding (`header_parent`'s
+    caller then asks librbd)."""
+    what = "parent link (cls_rbd parent_get)"
+    spec = encoding.read_versioned(raw, what, PARENT_SPEC_KNOWN)
+    encoding.require(raw, spec.start, 8, spec.end, what)
+    (pool_id,) = struct.unpack_from("<q", raw, spec.start)
+    namespace, offset = encoding.read_string_within(raw, spec.start + 8, spec.end, what)
+    image_id, offset = encoding.read_string_within(raw, offset, spec.end, what)
+    encoding.require(raw, offset, 8, spec.end, what)
     (snap_id,) = struct.unpack_from("<Q", raw, offset)
     if pool_id < 0 or not image_id or snap_id == CEPH_NOSNAP:
         return None
@@ -160,10 +170,13 @@ def decode_parent_spec(raw: bytes) -> HeaderParent | None:
 
 
 def decode_overlap(raw: bytes) -> int | None:
-    """cls_rbd `parent_overlap_get`'s std::optional<u64>: None when that head or snapshot has no
-    parent (never had one, or flattened)."""
-    if not raw or raw[0] == 0:
+    """cls_rbd `parent_overlap_get`'s std::optional<u64> (not a versioned struct: a presence
+    byte, then the value): None when that head or snapshot has no parent (never had one, or
+    flattened). Anything but those two shapes: encoding.UnknownEncoding."""
+    if not raw or (raw[0] == 0 and len(raw) == 1):
         return None
+    if raw[0] != 1 or len(raw) != 9:
+        raise encoding.UnknownEncoding(f"parent overlap (cls_rbd parent_overlap_get): unexpected {len(raw)}-byte value")
     return int(struct.unpack_from("<Q", raw, 1)[0])
 
 
@@ -208,16 +221,57 @@ def depth(session: Session, io: rados.Ioctx, image_id: str) -> int:
     Each step follows the parent *of the snapshot the child reads through*, not the parent's
     head: an image flattened without deep-flatten (restored and cloned volumes) has a flat head
     while its older snapshots still read through its old parent, and a child cut from such a
-    snapshot is as deep as that snapshot's chain. Read from the headers (two reads a level)."""
+    snapshot is as deep as that snapshot's chain. Read from the headers (two reads a level),
+    or by librbd where a header answers in an encoding this driver does not know."""
     count = 0
-    link = header_parent(io, image_id)
+    link = _parent(session, io, image_id, CEPH_NOSNAP)
     while link is not None:
         count += 1
         if count >= MAX_DEPTH_WALK:
             return count
         with _parent_pool(session, io, link) as parent_io:
-            link = None if parent_io is None else header_parent(parent_io, link.image_id, link.snap_id)
+            link = None if parent_io is None else _parent(session, parent_io, link.image_id, link.snap_id)
     return count
+
+
+def _parent(session: Session, io: rados.Ioctx, image_id: str, snap_id: int) -> HeaderParent | None:
+    try:
+        return header_parent(io, image_id, snap_id)
+    except encoding.UnknownEncoding as error:
+        log.info("reading a parent link through librbd", extra=fields(image_id=image_id, reason=error.message))
+        return parent_by_open(session, io, image_id, snap_id)
+
+
+def parent_by_open(session: Session, io: rados.Ioctx, image_id: str, snap_id: int = CEPH_NOSNAP) -> HeaderParent | None:
+    """`header_parent`, asked of librbd (a read-only open of the image and of its parent): what
+    the driver falls back to when cls_rbd's answer is in an encoding it does not know."""
+    with ceph_call("read parent link", f"image id {image_id!r}"):
+        try:
+            with open_by_id(io, image_id) as image:
+                if snap_id != CEPH_NOSNAP:
+                    try:
+                        image.set_snap_by_id(snap_id)
+                    except rbd.ImageNotFound:
+                        pass  # a snapshot the image no longer has: its head, as header_parent does
+                try:
+                    spec = image.get_parent_image_spec()
+                    parent_id = str(image.parent_id())
+                except rbd.ImageNotFound:
+                    return None
+        except rbd.ImageNotFound:
+            return None
+        pool_id = session.rados.pool_lookup(spec["pool_name"])
+    if pool_id is None or pool_id < 0:
+        return None
+    namespace = str(spec.get("pool_namespace", ""))
+    with session.ioctx(spec["pool_name"], namespace) as parent_io, ceph_call("list parent snapshots", parent_id):
+        try:
+            with open_by_id(parent_io, parent_id) as parent:
+                snaps = list_snaps(parent)
+        except rbd.ImageNotFound:
+            return None
+    snap = next((s for s in snaps if s.name == spec["snap_name"]), None)
+    return HeaderParent(int(pool_id), namespace, parent_id, snap.snap_id if snap else CEPH_NOSNAP)
 
 
 def clone_complete(io: rados.Ioctx, name: str, parent_id: str | None, parent_io: rados.Ioctx) -> bool | None:

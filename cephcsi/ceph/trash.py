@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import rados
 import rbd
 
-from cephcsi.ceph import encoding, imagestate
+from cephcsi.ceph import encoding, images, imagestate
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.ceph.imagestate import TRASH, ImageState, TrashState
@@ -58,6 +58,9 @@ def move(io: rados.Ioctx, state: ImageState) -> None:
     except the case handled here (see `_finish_move`)."""
     if state.trash is not None and state.trash.state is not TrashState.MOVING:
         return
+    if state.unlisted:
+        # librbd's move looks the name up in the directory and refuses one it lacks.
+        images.list_unlisted(io, state.name, state.image_id)
     if state.trash is not None and state.trash.moved_by_remove and not state.directory:
         _finish_move(io, state)
         return

@@ -9,11 +9,21 @@ everything the open is for — the id, that no client watches the header and tha
 snapshots (`volumes.dependents.HeaderProbe`) — so what is left is its features and mirroring
 state, read here in the same round trip as those (`Eligibility`), and the writes.
 
-What is written is what librbd 16 writes, in its order, so a crash between the steps leaves
-one of the shapes a killed `trash_move` leaves (a MOVING entry of source USER, with both, one or
-neither of the id object and the directory entry), which `RBD.trash_move` of the same name
-resumes (`cephcsi.ceph.trash.move`). The notify is left out: its only listener is rbd-mirror,
-which acts on entries of source MIRRORING alone.
+What is written is what librbd writes (compared byte for byte on the releases in
+`cephcsi.ceph.verified`, which gates this path), in its order, so a crash between the steps
+leaves one of the shapes a killed `trash_move` leaves (a MOVING entry of source USER, with both,
+one or neither of the id object and the directory entry), which `RBD.trash_move` of the same
+name resumes (`cephcsi.ceph.trash.move`).
+
+The `rbd_trash` notify. After the move librbd notifies the watchers of `rbd_trash`
+(NOTIFY_OP_IMAGE_ADDED with the image id and the entry, `trash_watcher_payload`). python-rados
+cannot send that payload: its `notify` takes a `str`, sends its UTF-8 encoding cut to the
+string's length, and the entry's timestamps are arbitrary bytes (checked with the Pacific, Reef
+and Tentacle bindings). So the notify is made to reach every watcher another way: whether
+`rbd_trash` has watchers is read in the same round trip as the features (`Eligibility`), and a
+watched trash (rbd-mirror's trash watcher, say) leaves the move to librbd, which notifies them.
+An unwatched trash has nobody to notify. (The probe itself is a notify of an op number no
+watcher knows, which librbd's trash watcher acknowledges and ignores, as the header probe's.)
 
 Not by hand: an image with journaling (librbd turns journal replay off for the move), one
 being migrated, one in a group or with any other operation feature (clone parents and
@@ -49,14 +59,17 @@ NO_SNAPSHOT = 0xFFFF_FFFF_FFFF_FFFE
 """CEPH_NOSNAP: the image head, as cls_rbd's `get_features` takes it."""
 TRASH_SOURCE_USER = 0
 TRASH_SPEC_VERSION = 2
+NOTIFY_OP_IMAGE_ADDED = 0
+"""librbd trash_watcher's op for an image that entered the trash."""
 """TrashImageSpec's encoding with the entry's state (version 2, readable by version-1 decoders)."""
 
 
 class Eligibility:
-    """Whether image id `image_id` may be moved by hand: its features (cls_rbd `get_features`)
-    and whether it has a mirroring entry (`mirror_image_get`), sent together now and read later.
-    Both are class calls, which hold no op buffers, so nothing is lost if the caller never reads
-    the answer (the image turned out not to be live, say)."""
+    """Whether image id `image_id` may be moved by hand: its features (cls_rbd `get_features`),
+    whether it has a mirroring entry (`mirror_image_get`) and whether anybody watches the trash
+    (who would expect librbd's notify), sent together now and read later. None of them holds op
+    buffers, so nothing is lost if the caller never reads the answer (the image turned out not
+    to be live, say)."""
 
     def __init__(self, io: rados.Ioctx, image_id: str) -> None:
         self.image_id = image_id
@@ -64,15 +77,17 @@ class Eligibility:
         self._features = self._batch.execute(f"rbd_header.{image_id}", "rbd", "get_features",
                                              struct.pack("<Q", NO_SNAPSHOT))
         self._mirror = self._batch.execute(MIRRORING, "rbd", "mirror_image_get", encoding.string(image_id))
+        self._trash_unwatched = self._batch.watch_free(TRASH)
 
     def result(self) -> bool:
         try:
             self._batch.wait()
             features = self._features.result()
             mirror = self._mirror.result()
+            trash_unwatched = self._trash_unwatched.result()
         except CephCSIError:
             return False  # librbd's move reads the same and reports what is wrong
-        if features is None or len(features) < 8 or mirror is not None:
+        if features is None or len(features) < 8 or mirror is not None or trash_unwatched is False:
             return False
         (value,) = struct.unpack_from("<Q", features)
         return not value & ~MOVABLE_FEATURES
@@ -85,6 +100,13 @@ def trash_spec(name: str, state: TrashState, now: float) -> bytes:
     stamp = struct.pack("<II", int(seconds), int(fraction * 1e9))
     body = bytes((TRASH_SOURCE_USER,)) + encoding.string(name) + stamp + stamp + bytes((state.value,))
     return encoding.versioned(body, version=TRASH_SPEC_VERSION)
+
+
+def trash_watcher_payload(image_id: str, spec: bytes) -> bytes:
+    """librbd's `rbd_trash` notify after a move (trash_watcher NotifyMessage, version 1): the op
+    NOTIFY_OP_IMAGE_ADDED, the image id, and the entry as written (`trash_spec`, state NORMAL).
+    Not sent by this module (see the module docstring); the tests compare it with librbd's."""
+    return encoding.versioned(struct.pack("<I", NOTIFY_OP_IMAGE_ADDED) + encoding.string(image_id) + spec)
 
 
 def move(io: rados.Ioctx, name: str, image_id: str, clock: Callable[[], float] = time.time) -> None:

@@ -101,6 +101,9 @@ def _ceph_flags(p: argparse.ArgumentParser) -> None:
                         "this long (whole seconds, at least 1s)")
     c.add_argument("--rados-mon-op-timeout", type=_duration, default=30.0)
     c.add_argument("--client-mount-timeout", type=_duration, default=10.0)
+    c.add_argument("--rbd-hand-writes", choices=("auto", "always", "never"), default="auto",
+                   help="write new images and trash moves without librbd: auto = only on Ceph releases verified "
+                        "against librbd (cluster and client), always, never")
 
 
 def _flatten_flags(p: argparse.ArgumentParser) -> None:
@@ -194,6 +197,7 @@ def _settings(a: argparse.Namespace, parser: argparse.ArgumentParser) -> Setting
             mon_op_timeout=a.rados_mon_op_timeout,
             mount_timeout=a.client_mount_timeout,
             journal_lock_seconds=a.journal_lock_timeout,
+            rbd_hand_writes=a.rbd_hand_writes,
         ),
         snapshots=SnapshotSettings(
             soft_max_clone_depth=a.rbdsoftmaxclonedepth,

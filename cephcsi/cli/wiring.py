@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from cephcsi._generated import csi_pb2_grpc
+from cephcsi.ceph import verified
 from cephcsi.ceph.connection import ConnectionCache
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.csi.controller import ControllerServicer
@@ -41,7 +42,7 @@ def build_controller(settings: Settings, clusters: ClusterRegistry) -> Controlle
                            snap.min_snapshots_on_image, snap.max_snapshots_on_image)
     manager = VolumeManager(
         clusters,
-        ConnectionCache(settings.ceph),
+        ConnectionCache(settings.ceph, hand_writes=verified.Mode(settings.ceph.rbd_hand_writes)),
         settings.instance_id,
         journal_lock_seconds=settings.ceph.journal_lock_seconds,
         inline_purge_seconds=settings.ceph.inline_purge_seconds,

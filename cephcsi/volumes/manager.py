@@ -332,7 +332,7 @@ class VolumeManager:
         # journaled, else by a read-only open, which the header probe also falls back to when
         # the image turns out watched or snapshotted.
         header_probe = dependents.HeaderProbe(io, known_id) if known_id else None
-        movable = trash_move.Eligibility(io, known_id) if known_id else None
+        movable = trash_move.Eligibility(io, known_id) if known_id and session.hand_writes() else None
         usage = dependents.probe(io, record.image_name) if header_probe is None else None
         state = inspection.result()
         if header_probe is not None and state.image_id == header_probe.image_id:

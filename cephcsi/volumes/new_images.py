@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import rados
 
-from cephcsi.ceph import image_create, images, trash
+from cephcsi.ceph import image_create, images, imagestate, trash
 from cephcsi.ceph.connection import Session
 from cephcsi.errors import AlreadyExists
 from cephcsi.observability.logging import fields
@@ -85,7 +85,13 @@ def _write(io: rados.Ioctx, request: CreateRequest, journal: Journal, record: Re
 def _ensure_by_librbd(session: Session, io: rados.Ioctx, request: CreateRequest, name: str,
                       maybe_exists: bool = True) -> tuple[str, int, bool]:
     params = request.parameters
-    info = images.stat(io, name) if maybe_exists and images.lookup_id(io, name) is not None else None
+    found_id = images.lookup_id(io, name) if maybe_exists else None
+    if found_id is not None:
+        state = imagestate.inspect(io, name, found_id)
+        if state.unlisted:
+            # A librbd that lists a new image last was killed just before: finished, then adopted.
+            images.list_unlisted(io, name, found_id)
+    info = images.stat(io, name) if found_id is not None else None
     if info is None and maybe_exists:
         # An earlier attempt may have removed its partial image by name and been killed
         # inside librbd's remove: that leaves a trash entry under the name we are about to

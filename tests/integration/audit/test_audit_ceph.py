@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import rbd
 
+from cephcsi.ceph import encoding
 from cephcsi.ceph import omap as ceph_omap
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.audit.seed import (
@@ -186,3 +187,33 @@ def test_a_trash_entry_the_mgr_cannot_purge_is_reported_and_left_alone(
         with rbd.Image(io, name) as image:
             image.remove_snap("keep")
         rbd.RBD().remove(io, name)
+
+
+def test_an_image_a_killed_create_left_unlisted_is_listed_by_repair(
+        ceph_cluster: CephTestCluster, tmp_path: Path) -> None:
+    """A librbd that writes the directory entry last (ceph/ceph PR 68612), killed just before
+    it: header and id object, no directory entry. Built with a rados write (the entry removed
+    from a complete volume); the repair adds the entry, and the volume is whole again."""
+    namespace = f"audit-{uuidlib.uuid4().hex[:8]}"
+    config = write_config(ceph_cluster, str(tmp_path / "config.json"), namespace)
+    with admin_namespace(ceph_cluster, namespace) as io:
+        seeder = Seeder(io)
+        uuid, image_id = seeder.volume("pvc-unlisted")
+        name = seeder.image_name(uuid)
+        io.execute("rbd_directory", "rbd", "dir_remove_image", encoding.string(name) + encoding.string(image_id))
+        assert rbd.RBD().list(io) == []
+
+        rc, doc, _ = run_audit(ceph_cluster, config)
+        assert rc == 1 and kinds_and_subjects(doc) == {("unlisted-image", name)}
+        assert doc["findings"][0]["fix"] == "add-directory-entry"
+
+        rc, doc, _ = run_audit(ceph_cluster, config, "--repair")
+        assert doc["findings"][0]["repair"]["outcome"] == "repaired", doc["findings"]
+        assert rbd.RBD().list(io) == [name]
+        with rbd.Image(io, name, read_only=True) as image:
+            assert image.id() == image_id and image.read(0, 4) == b"data"
+        assert run_audit(ceph_cluster, config)[0] == 0
+
+        rbd.RBD().remove(io, name)
+        io.remove_object(f"csi.volume.{uuid}")
+        seeder.remove_omap("csi.volumes.default", ("csi.volume.pvc-unlisted",))

@@ -4,6 +4,7 @@ removes like its own, and every image whose move needs librbd's checks left to l
 from __future__ import annotations
 
 import struct
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -11,7 +12,7 @@ import pytest
 import rados
 import rbd
 
-from cephcsi.ceph import encoding, imagestate, omap, trash_move
+from cephcsi.ceph import batch, encoding, imagestate, omap, trash_move
 from cephcsi.ceph.imagestate import TrashState
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
@@ -198,3 +199,57 @@ def test_the_move_works_in_a_rados_namespace(io: rados.Ioctx) -> None:
     finally:
         io.set_namespace("")
         rbd.RBD().namespace_remove(io, namespace)
+
+
+class TrashWatcher:
+    """A watch on the pool's `rbd_trash`, as rbd-mirror's trash watcher keeps one."""
+
+    def __init__(self, io: rados.Ioctx) -> None:
+        self.payloads: list[bytes] = []
+        try:
+            io.stat(imagestate.TRASH)
+        except rados.ObjectNotFound:
+            io.write_full(imagestate.TRASH, b"")  # a watch needs the object; librbd creates it the same way
+        self._watch = io.watch(imagestate.TRASH, self._notified)
+
+    def _notified(self, notify_id: int, notifier_id: str, watch_id: int, data: bytes) -> None:
+        self.payloads.append(bytes(data))
+
+    def close(self) -> None:
+        self._watch.close()
+
+
+def _wait_for(payloads: list[bytes], count: int) -> None:
+    give_up = time.monotonic() + 10
+    while len(payloads) < count:
+        assert time.monotonic() < give_up, payloads
+        time.sleep(0.02)
+
+
+def test_librbds_trash_notify_is_the_payload_the_module_encodes(io: rados.Ioctx) -> None:
+    """What librbd sends to `rbd_trash` watchers after a move: NOTIFY_OP_IMAGE_ADDED, the id and
+    the entry as stored (state NORMAL) — byte for byte `trash_watcher_payload`."""
+    name, image_id = _made(io, rbd.RBD_FEATURE_LAYERING)
+    watcher = TrashWatcher(io)
+    try:
+        rbd.RBD().trash_move(io, name, 0)
+        _wait_for(watcher.payloads, 1)
+    finally:
+        watcher.close()
+    stored = (omap.read_raw(io, imagestate.TRASH, (f"id_{image_id}",)) or {})[f"id_{image_id}"]
+    assert [p for p in watcher.payloads if image_id.encode() in p] == [trash_move.trash_watcher_payload(image_id, stored)]
+    rbd.RBD().trash_remove(io, image_id)
+
+
+def test_a_watched_trash_leaves_the_move_and_its_notify_to_librbd(io: rados.Ioctx, image: tuple[str, str]) -> None:
+    """The bindings cannot send librbd's binary notify payload, so a trash somebody watches is
+    left to librbd, which notifies them; the probe's own notify is acknowledged and ignored."""
+    name, image_id = image
+    assert trash_move.Eligibility(io, image_id).result()
+    watcher = TrashWatcher(io)
+    try:
+        assert not trash_move.Eligibility(io, image_id).result()
+        assert watcher.payloads == [batch.UNKNOWN_NOTIFY.encode()]
+    finally:
+        watcher.close()
+    assert trash_move.Eligibility(io, image_id).result()

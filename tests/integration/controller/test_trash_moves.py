@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import rbd
 
-from cephcsi.ceph import encoding, trash_move
+from cephcsi.ceph import encoding, trash_move, verified
 from cephcsi.ceph.connection import ConnectionCache
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.config.clusters import ClusterRegistry
@@ -107,3 +107,123 @@ def test_a_delete_finishes_a_move_cut_short(
     manager.delete(volume.volume_id.encode(), dict(ceph_cluster.secrets))
     assert journal_entries(ceph_cluster, request_name)[1] == {}
     wait_for_pool(ceph_cluster, baseline)
+
+
+def _unlist(cluster: CephTestCluster, name: str, image_id: str) -> None:
+    """What a librbd that writes the directory entry last (ceph/ceph PR 68612) leaves when it is
+    killed just before that entry: header and id object, no directory entry."""
+    with admin_ioctx(cluster) as io:
+        io.execute("rbd_directory", "rbd", "dir_remove_image", encoding.string(name) + encoding.string(image_id))
+    state = image_state(cluster, name, image_id)
+    assert state.unlisted and state.live and not state.directory
+
+
+@pytest.fixture
+def by_librbd(config_file: str) -> Iterator[VolumeManager]:
+    made = VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings(), hand_writes=verified.Mode.NEVER),
+                         "default")
+    yield made
+    made.connections.close_all()
+
+
+def test_a_retried_create_lists_the_image_a_killed_create_left_unlisted(
+    by_librbd: VolumeManager, ceph_cluster: CephTestCluster
+) -> None:
+    baseline = read_pool(ceph_cluster)
+    volume, image_id, request_name = _create(by_librbd, ceph_cluster)
+    _unlist(ceph_cluster, volume.image_name, image_id)
+    request = create_request(ceph_cluster, None, 8 << 20)
+    again = by_librbd.create(CreateRequest(
+        name=request_name, parameters=VolumeParameters.parse(dict(request.parameters)), size=8 << 20,
+        required_bytes=8 << 20, limit_bytes=0, credentials=Credentials.from_secrets(ceph_cluster.secrets),
+    ))
+    assert again.volume_id == volume.volume_id
+    state = image_state(ceph_cluster, volume.image_name, image_id)
+    assert state.live and state.named_consistently
+    assert volume.image_name in ceph_cluster.images()
+    by_librbd.delete(volume.volume_id.encode(), dict(ceph_cluster.secrets))
+    wait_for_pool(ceph_cluster, baseline)
+
+
+@pytest.mark.parametrize("mode", [verified.Mode.AUTO, verified.Mode.NEVER])
+def test_a_delete_lists_then_removes_an_image_a_killed_create_left_unlisted(
+    mode: verified.Mode, config_file: str, ceph_cluster: CephTestCluster
+) -> None:
+    """librbd's own trash move refuses a name the directory lacks (ENOENT: the delete would
+    never finish); the delete adds the entry first."""
+    manager = VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings(), hand_writes=mode), "default")
+    try:
+        baseline = read_pool(ceph_cluster)
+        volume, image_id, request_name = _create(manager, ceph_cluster)
+        _unlist(ceph_cluster, volume.image_name, image_id)
+        manager.delete(volume.volume_id.encode(), dict(ceph_cluster.secrets))
+        assert journal_entries(ceph_cluster, request_name)[1] == {}
+        wait_for_pool(ceph_cluster, baseline)
+    finally:
+        manager.connections.close_all()
+
+
+def test_the_flag_never_leaves_create_and_move_to_librbd(
+    by_librbd: VolumeManager, ceph_cluster: CephTestCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    baseline = read_pool(ceph_cluster)
+    moves = _trash_moves_by_librbd(monkeypatch)
+    creates = _creates_by_librbd(monkeypatch)
+    volume, _, _ = _create(by_librbd, ceph_cluster)
+    by_librbd.delete(volume.volume_id.encode(), dict(ceph_cluster.secrets))
+    assert (creates, moves) == ([volume.image_name], [volume.image_name])
+    wait_for_pool(ceph_cluster, baseline)
+
+
+def test_an_unverified_cluster_release_leaves_create_and_move_to_librbd(
+    config_file: str, ceph_cluster: CephTestCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate reads the cluster's require_osd_release (as the csi user) and the client's
+    librbd: with this cluster's release taken off the list, librbd does everything."""
+    baseline = read_pool(ceph_cluster)
+    monkeypatch.setattr(verified, "VERIFIED", tuple(row for row in verified.VERIFIED if row.name != _release(ceph_cluster)))
+    moves = _trash_moves_by_librbd(monkeypatch)
+    creates = _creates_by_librbd(monkeypatch)
+    manager = VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings()), "default")
+    try:
+        volume, _, _ = _create(manager, ceph_cluster)
+        manager.delete(volume.volume_id.encode(), dict(ceph_cluster.secrets))
+    finally:
+        manager.connections.close_all()
+    assert (creates, moves) == ([volume.image_name], [volume.image_name])
+    wait_for_pool(ceph_cluster, baseline)
+
+
+def test_the_suites_cluster_and_client_are_verified(ceph_cluster: CephTestCluster) -> None:
+    """Every release the suite runs the byte comparisons against must be on the allow-list (and
+    the other way round: a row no suite run checks is a claim nobody verifies). Fails for a new
+    release until its comparisons pass and it is added to cephcsi.ceph.verified.VERIFIED."""
+    release = _release(ceph_cluster)
+    assert verified.cluster_verified(release), f"cluster release {release!r} is not in cephcsi.ceph.verified"
+    assert verified.client_verified(verified.client_librbd()), verified.client_librbd()
+
+
+def _release(cluster: CephTestCluster) -> str:
+    """The cluster's require_osd_release, read as the driver reads it (the csi user's caps)."""
+    import rados
+
+    handle = rados.Rados(rados_id=cluster.user, conf={"mon_host": cluster.mon_host, "key": cluster.key})
+    handle.connect(timeout=30)
+    try:
+        release = verified.read_cluster_release(handle, 30)
+    finally:
+        handle.shutdown()
+    assert release, "the csi user cannot read the OSD map's require_osd_release"
+    return release
+
+
+def _creates_by_librbd(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    calls: list[str] = []
+    real: Callable[..., None] = rbd.RBD.create
+
+    def counted(self: rbd.RBD, ioctx: object, name: str, *args: object, **kwargs: object) -> None:
+        calls.append(name)
+        real(self, ioctx, name, *args, **kwargs)
+
+    monkeypatch.setattr(rbd.RBD, "create", counted)
+    return calls
