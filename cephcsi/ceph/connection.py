@@ -26,7 +26,7 @@ import rados
 from rados import Ioctx
 
 from cephcsi.ceph.credentials import Credentials
-from cephcsi.ceph import cephx_keys, pool_defaults, pool_validation
+from cephcsi.ceph import cephx_keys, pool_defaults, pool_validation, verified
 from cephcsi.ceph.errors import CONNECTION_LOST, ceph_call, error_number
 from cephcsi.config.clusters import ClusterConfig
 from cephcsi.errors import CephCSIError, Internal, NotFound, PermissionDenied, Unavailable
@@ -139,6 +139,7 @@ class Connection:
     _failure: _Failure | None = None
     pools: pool_validation.PoolValidation = field(default_factory=pool_validation.PoolValidation)
     defaults: pool_defaults.PoolDefaults = field(default_factory=pool_defaults.PoolDefaults)
+    gate: verified.HandWriteGate = field(default_factory=verified.HandWriteGate)
 
     def __post_init__(self) -> None:
         self.last_used = self.clock()
@@ -291,10 +292,15 @@ class Session:
         with self._connection.pools.creating(self.rados, io, data_pool):
             yield
 
+    def hand_writes(self) -> bool:
+        """Whether the hand-written image paths (cephcsi.ceph.image_create, trash_move) may
+        run on this cluster with this client: cephcsi.ceph.verified."""
+        return self._connection.gate.allowed(self.rados, self._connection.settings.mon_op_timeout)
+
     def plain_order(self, io: Ioctx, data_pool: str | None) -> int | None:
-        """The order of a new image in `io` when its layout is plain and its pool validated
-        (what cephcsi.ceph.image_create can write), else None."""
-        if data_pool or io.get_namespace():
+        """The order of a new image in `io` when its layout is plain, its pool validated and
+        hand writes verified here (what cephcsi.ceph.image_create can write), else None."""
+        if data_pool or io.get_namespace() or not self.hand_writes():
             return None
         handle = self.rados
         if not self._connection.pools.validated(handle, io):
@@ -321,8 +327,9 @@ class ConnectionCache:
 
     def __init__(self, settings: CephSettings,
                  opener: Callable[[ClusterConfig, Credentials, CephSettings], rados.Rados] = open_rados,
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic, hand_writes: verified.Mode = verified.Mode.AUTO) -> None:
         self.settings = settings
+        self._hand_writes = hand_writes
         self._opener = opener
         self._clock = clock
         self._connections: dict[tuple[str, str, str], Connection] = {}
@@ -334,7 +341,8 @@ class ConnectionCache:
         with self._lock:
             connection = self._connections.get(key)
             if connection is None or connection.broken:
-                connection = Connection(cluster, credentials, self.settings, self._opener, self._clock)
+                connection = Connection(cluster, credentials, self.settings, self._opener, self._clock,
+                                        gate=verified.HandWriteGate(self._hand_writes))
                 self._connections[key] = connection
             connection.users += 1
         try:
