@@ -10,16 +10,25 @@
 #    or:  podman build -t ... .   /   buildah bud -t ... .
 #    or, without a registry or Docker daemon (base image made with debootstrap):
 #         scripts/build-image.sh   (writes a docker-archive tar for `ctr images import`)
-# Pin the base by digest for fully reproducible builds:
-#   docker build --build-arg DEBIAN_IMAGE=debian:13.8-slim@sha256:<digest> ...
+# Pin the base by digest for a fully reproducible base:
+#   docker build --build-arg DEBIAN_IMAGE=debian:sid-20261030-slim@sha256:<digest> ...
 #
 # Every RUN line is plain POSIX sh, no SHELL instruction: podman and buildah build OCI-format
 # images by default, and the OCI format has no SHELL, so /bin/sh (dash) runs RUN lines there
 # whatever a SHELL line says. Writing for sh makes docker, podman and buildah build alike.
 #
-# Debian 13 (trixie): its Ceph client is Reef 18.2.7 (bookworm's Pacific 16.2.15 is end of
-# life), with rados/rbd bindings for its Python 3.13. Development machines and the test
-# cluster stay on bookworm (Pacific, Python 3.11); the code supports both clients.
+# Debian sid: its Ceph client is Tentacle 20.2.4, with rados/rbd bindings for its Python 3.14.
+# A fresh Tentacle >= 20.2.4 cluster makes only aes256k cephx keys, which no older client
+# (trixie's Reef 18.2.7, bookworm's Pacific 16.2.15) can parse; Tentacle's client reads those
+# and the older aes keys, and talks to Pacific and Reef clusters too. Debian has no Squid and
+# no Tentacle for a stable release, and a trixie base with sid's Ceph drags in sid's libc,
+# systemd libraries and Python (138 of its 193 packages from sid): the base is sid itself.
+# Why, the alternatives measured, and how a moving sid stays checked: docs/ARCHITECTURE.md,
+# "The image's Ceph client". Development machines and the test cluster stay on bookworm
+# (Pacific, Python 3.11); the code supports every client from Pacific to Tentacle.
+#
+# A Reef variant for clusters whose keys are all legacy aes (no Tentacle-made keys):
+#   --build-arg DEBIAN_IMAGE=debian:13.8-slim --build-arg CEPH_CLIENT=18.2 --build-arg PYTHON_MINOR=3.13
 #
 # Python: Debian's python3, because Ceph's rados/rbd bindings exist only as Debian packages
 # built for it (PyPI has none). cephcsi and its PyPI dependencies live in a venv, and only the
@@ -30,10 +39,11 @@
 # Debian packages come from scripts/packages.sh, run inside each stage so it picks the lists of
 # the base image's release. Versions are not pinned (hence DL3008 ignored below): Debian's
 # archive keeps only the newest build of each package, so an exact pin breaks the build at the
-# next security update; the base image tag fixes the point release and with it the Python
-# minor version the bindings are built for.
+# next upload. What is pinned instead is what was verified: the final stage fails the build if
+# sid has moved to another Ceph release or Python minor (ARG CEPH_CLIENT, PYTHON_MINOR), and
+# scripts/build-image.sh records every package version of the image beside its archive.
 
-ARG DEBIAN_IMAGE=debian:13.8-slim
+ARG DEBIAN_IMAGE=debian:sid-20261030-slim
 
 # ---- builder: wheels for cephcsi and its dependencies, then the runtime venv ------------
 FROM ${DEBIAN_IMAGE} AS builder
@@ -98,9 +108,18 @@ ENV PATH="/opt/cephcsi/bin:${PATH}" \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 
+# The Ceph client release and the Python minor this image was verified with (the packaging
+# and e2e tests). sid moves: a build that gets another release fails here rather than ship an
+# untested client; change these together with a run of those tests.
+ARG CEPH_CLIENT=20.2
+ARG PYTHON_MINOR=3.14
+
 # Fail the build, not the pod, if the bindings, the generated stubs or a tool the node plugin
-# runs are missing.
+# runs are missing, or the client or interpreter is not the verified one.
 RUN python -c 'import rados, rbd, cephcsi._generated.csi_pb2' \
+ && python -c 'import sys; v = "%d.%d" % sys.version_info[:2]; sys.exit(None if v == sys.argv[1] else "Python " + v + ", not the verified " + sys.argv[1] + " (ARG PYTHON_MINOR)")' "$PYTHON_MINOR" \
+ && ceph_version="$(rbd --version)" \
+ && case "$ceph_version" in "ceph version $CEPH_CLIENT."*) ;; *) echo "$ceph_version: not the verified Ceph $CEPH_CLIENT client (ARG CEPH_CLIENT)" >&2; exit 1 ;; esac \
  && cephcsi --version \
  && modprobe --version \
  && for tool in rbd rbd-nbd rbd-fuse losetup mount umount blkid mkfs.ext4 mkfs.xfs; do \

@@ -7,11 +7,11 @@
 #
 # Prints the tar's path on its last line of stdout (progress goes to stderr). --dry-run
 # builds nothing and prints what it would use, as shell assignments (image=, base=, suite=,
-# output=, runtime=), for harnesses and tests. Defaults:
+# output=, packages=, runtime=), for harnesses and tests. Defaults:
 #   --image   the image deploy/kustomization.yaml deploys (images: name cephcsi → newName:newTag),
 #             fully qualified as the kubelet resolves it: cephcsi:0.1.0 → docker.io/library/cephcsi:0.1.0
 #   --output  $CACHE/images/<name>-<tag>.tar
-#   --base-output  none; if given, the base image (e.g. docker.io/library/debian:13.8-slim) is
+#   --base-output  none; if given, the base image (e.g. docker.io/library/debian:sid-20261030-slim) is
 #             written there too as a docker-archive: deploy/examples/pvc-pod.yaml runs that
 #             image, and a node without a registry needs it imported as well
 # Environment:
@@ -22,9 +22,13 @@
 #
 # Steps, each cached outside the repository so a rerun costs seconds:
 #   1. the base image named by the Dockerfile's FROM (ARG DEBIAN_IMAGE default, e.g.
-#      debian:13.8-slim), which no registry can give us here: `debootstrap --variant=minbase`
-#      of the matching release (~1-3 min once), kept as a rootfs tar and imported into
-#      podman under exactly that name;
+#      debian:sid-20261030-slim), which no registry can give us here: `debootstrap
+#      --variant=minbase` of the matching release (~1-3 min once), kept as a rootfs tar and
+#      imported into podman under exactly that name. A sid base is the mirror's sid of the day
+#      it is made (the log says which), kept until the cache is cleared. A mirror that is an
+#      archive snapshot serves Release files past their Valid-Until (this machine's sid is one):
+#      then, and only then, the base gets `Acquire::Check-Valid-Until "false"`, or apt-get
+#      update in the Dockerfile would refuse the mirror;
 #   2. `podman build` of the Dockerfile as it is, OCI format (podman's default; it ignores
 #      SHELL, so this also proves the RUN lines are plain sh), layer cache on. pip inside the
 #      build reaches PyPI through this machine's TLS-intercepting proxy, so it needs the host's
@@ -35,7 +39,9 @@
 #      set PIP_CERT (`podman build --env` does not reach RUN). Nothing of it enters a layer
 #      (checked in step 3). Consequence: RUN lines must not write to /root (none does);
 #   3. checks inside the built image: the bindings and stubs import, cephcsi --version,
-#      modprobe, rbd-fuse; no build-time CA or pip.conf left behind;
+#      modprobe, rbd-fuse; no build-time CA or pip.conf left behind. Every Debian package of
+#      the image and its version is written to <output>.packages, and what changed since the
+#      previous build is logged (on sid, packages move between two builds of the same tree);
 #   4. `podman save --format docker-archive`, skipped when the tar already holds this image id.
 # Every rebuild after a source change leaves the previous layers behind as untagged images in
 # podman's store (the layer cache); `podman image prune` reclaims them.
@@ -145,7 +151,8 @@ base_q=$(qualify "$base")
 case "$base" in
   debian:12*|debian:bookworm*) suite=bookworm ;;
   debian:13*|debian:trixie*) suite=trixie ;;
-  *) die "the Dockerfile's base $base is not a Debian 12/13 image this script can debootstrap" ;;
+  debian:sid*|debian:unstable*) suite=sid ;;
+  *) die "the Dockerfile's base $base is not a Debian 12/13/sid image this script can debootstrap" ;;
 esac
 name_tag=${image##*/}
 [[ -n $output ]] || output="$CACHE/${name_tag/:/-}.tar"
@@ -153,7 +160,8 @@ mapfile -t ulimits < <(ulimit_args)
 
 runtime=$(oci_runtime)
 if $dry_run; then
-  printf 'image=%q\nbase=%q\nsuite=%q\noutput=%q\nruntime=%q\n' "$image" "$base_q" "$suite" "$output" "$runtime"
+  printf 'image=%q\nbase=%q\nsuite=%q\noutput=%q\npackages=%q\nruntime=%q\n' \
+    "$image" "$base_q" "$suite" "$output" "$output.packages" "$runtime"
   exit 0
 fi
 for tool in podman debootstrap tar flock; do
@@ -179,15 +187,20 @@ else
     trap 'rm -rf "$rootfs"' EXIT
     debootstrap --variant=minbase "$suite" "$rootfs" "$mirror" >"$CACHE/debootstrap.log" 2>&1 \
       || die "debootstrap $suite from $mirror failed (is the mirror reachable?): see $CACHE/debootstrap.log"
-    # Sources as the official image has them (deb822: release, -updates, -security), so
-    # `apt-get update` in the Dockerfile sees security fixes; nothing downloaded stays.
+    # Sources as the official image has them (deb822: release, -updates, -security; sid has
+    # neither of the last two), so `apt-get update` in the Dockerfile sees security fixes;
+    # nothing downloaded stays.
     rm -f "$rootfs/etc/apt/sources.list"
+    suites="$suite $suite-updates"
+    [[ $suite != sid ]] || suites=sid
     cat >"$rootfs/etc/apt/sources.list.d/debian.sources" <<EOF
 Types: deb
 URIs: $mirror
-Suites: $suite $suite-updates
+Suites: $suites
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.pgp
+EOF
+    [[ $suite == sid ]] || cat >>"$rootfs/etc/apt/sources.list.d/debian.sources" <<EOF
 
 Types: deb
 URIs: $(security_mirror)
@@ -195,6 +208,16 @@ Suites: $suite-security
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.pgp
 EOF
+    # debootstrap keeps the suite's Release file: its date says which sid this base is, and
+    # its Valid-Until whether the mirror is a snapshot whose signatures apt would refuse.
+    release_file=$(find "$rootfs/var/lib/apt/lists" -maxdepth 1 -name "*_dists_${suite}_*Release" | head -n1)
+    [[ -n $release_file ]] || die "debootstrap left no Release file of $suite under $rootfs/var/lib/apt/lists"
+    log "base image $base_q: the mirror's $suite of $(sed -n 's/^Date: //p' "$release_file" | head -n1)"
+    valid_until=$(sed -n 's/^Valid-Until: //p' "$release_file" | head -n1)
+    if [[ -n $valid_until ]] && (( $(date -d "$valid_until" +%s) < $(date +%s) )); then
+      log "the mirror's $suite Release expired on $valid_until (an archive snapshot): the base skips apt's Valid-Until check"
+      printf 'Acquire::Check-Valid-Until "false";\n' >"$rootfs/etc/apt/apt.conf.d/90cephcsi-snapshot-mirror"
+    fi
     rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* "$rootfs"/tmp/*
     tar --numeric-owner -C "$rootfs" -cf "$rootfs_tar.tmp" .
     mv "$rootfs_tar.tmp" "$rootfs_tar"
@@ -241,6 +264,19 @@ podman --runtime "$runtime" run --rm --network none "${ulimits[@]}" --user 0 --e
     echo "the build-time CA bundle or pip.conf was left in the image" >&2; exit 1
   fi
 ' >&2 || die "the built image failed its checks"
+
+# What the image holds, package by package, and what moved since the previous build.
+packages="$output.packages"
+podman --runtime "$runtime" run --rm --network none "${ulimits[@]}" --user 0 --entrypoint /bin/sh "$image" \
+  -c 'dpkg-query --show --showformat="\${Package} \${Version}\n" | sort' >"$packages.tmp" \
+  || die "cannot list the image's Debian packages"
+if [[ -s $packages ]] && ! cmp -s "$packages" "$packages.tmp"; then
+  log "Debian packages changed since the previous build (< before, > now):"
+  diff "$packages" "$packages.tmp" | grep '^[<>]' >&2 || true
+fi
+mv "$packages.tmp" "$packages"
+log "$(wc -l <"$packages") Debian packages, listed in $packages; Ceph client:" \
+  "$(grep -E '^(ceph-common|librados2|librbd1|python3-rbd)[: ]' "$packages" | tr '\n' ' ')"
 
 # ---- 4. docker-archive --------------------------------------------------------------------------
 # Writes `ref` to `file` unless `file.id` says it already holds this image id.

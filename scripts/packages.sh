@@ -12,8 +12,9 @@
 #            same interpreter the bindings are built for).
 #   test     development/test machines only: a one-node Ceph cluster for the test suite and
 #            benchmarks, and podman + debootstrap for scripts/build-image.sh.
-# CODENAME defaults to this machine's (VERSION_CODENAME in /etc/os-release); the Dockerfile
-# runs it inside the base image, so the image gets the list of the image's release.
+# CODENAME defaults to this machine's (VERSION_CODENAME in /etc/os-release, or sid where its
+# PRETTY_NAME ends in /sid); the Dockerfile runs it inside the base image, so the image gets
+# the list of the image's release.
 #
 # Plain POSIX sh on purpose: the Dockerfile's RUN lines are run by /bin/sh (dash) when podman
 # or buildah build OCI-format images, which ignore SHELL. An unknown release or list is an
@@ -23,10 +24,13 @@
 # Releases:
 #   bookworm (12): Ceph Pacific 16.2.15 (end of life), Python 3.11 — development machines and
 #                  the test cluster.
-#   trixie   (13): Ceph Reef 18.2.7, Python 3.13 — the image.
-# The names are the same on both today; a release whose packages differ gets its own case
-# below. The code supports both Ceph clients (the e2e tests run the trixie image's Reef
-# client against the bookworm Pacific test cluster).
+#   trixie   (13): Ceph Reef 18.2.7, Python 3.13 — the image's fallback variant (its client
+#                  cannot read the aes256k keys of a fresh Tentacle >= 20.2.4 cluster).
+#   sid          : Ceph Tentacle 20.2.4, Python 3.14 — the image (docs/ARCHITECTURE.md,
+#                  "The image's Ceph client").
+# The names are the same on all three today; a release whose packages differ gets its own
+# case below. The code supports every one of these clients (the e2e tests run the sid image's
+# Tentacle client against the bookworm Pacific test cluster).
 set -eu
 
 release=""
@@ -36,15 +40,20 @@ if [ "${1:-}" = "--release" ]; then
   shift 2
 fi
 if [ -z "$release" ]; then
+  # sid's os-release names the next stable release (VERSION_CODENAME=forky, PRETTY_NAME
+  # "Debian GNU/Linux forky/sid"), exactly as testing's does; the "/sid" says which it is.
   # shellcheck disable=SC1091
-  release=$(. /etc/os-release && printf '%s' "${VERSION_CODENAME:-}")
+  release=$(. /etc/os-release && case "${PRETTY_NAME:-}" in
+    */sid) printf 'sid' ;;
+    *) printf '%s' "${VERSION_CODENAME:-}" ;;
+  esac)
 fi
 [ $# -ge 1 ] || { echo "usage: packages.sh [--release CODENAME] runtime|builder|test..." >&2; exit 2; }
 
 case "$release" in
-  bookworm|trixie) ;;
+  bookworm|trixie|sid) ;;
   *)
-    echo "packages.sh: Debian release '${release:-unknown}' is not supported (bookworm, trixie)" >&2
+    echo "packages.sh: Debian release '${release:-unknown}' is not supported (bookworm, trixie, sid)" >&2
     exit 2
     ;;
 esac

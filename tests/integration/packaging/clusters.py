@@ -1,0 +1,34 @@
+"""The Ceph clusters the image is run against, by --ceph-release name (tests/ceph/fixtures.py):
+the host's Pacific 16.2.15, Reef 18.2.7, and Tentacle 20.2.4 with its stock auth (aes256k keys
+only, which no client older than Tentacle can parse)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from tests.ceph import fixtures
+from tests.ceph.fixtures import CephTestCluster
+
+RELEASES = ("pacific", "reef", "tentacle")
+
+
+@contextmanager
+def started(name: str) -> Iterator[CephTestCluster]:
+    """A one-node cluster of the --ceph-release value `name` for the duration of the block."""
+    release, auth = fixtures.session_release(name)
+    # Short path: unix socket names under it must stay below 107 bytes.
+    directory = tempfile.mkdtemp(prefix=f"ci-{release[:4]}-", dir="/tmp")
+    try:
+        try:
+            cluster = fixtures.start_cluster(directory, release=release, auth=auth)
+        except subprocess.CalledProcessError as error:
+            pytest.fail(f"could not start the Ceph {name} test cluster: {error.stderr}")
+        yield cluster
+    finally:
+        fixtures.stop_cluster(directory)
+        shutil.rmtree(directory, ignore_errors=True)
