@@ -53,22 +53,27 @@ def open_rados(cluster: ClusterConfig, credentials: Credentials, settings: CephS
     FailedPrecondition for a key this librados cannot read (checked before it sees the key:
     librados would print the key on stderr, see cephcsi.ceph.cephx_keys)."""
     cephx_keys.check_usable(credentials.key_info, cephx_keys.library_client())
+    # Rados(conf=...) sets these one by one in this order: the log settings first and the key
+    # last, so the key is never in the config before the log is told to be quiet. (Not enough
+    # alone: Pacific still prints an undecodable key on stderr during connect's monitor
+    # bootstrap, whatever these say; hence the check above.)
     conf = {
+        "log_to_stderr": "false",
+        "err_to_stderr": "false",
+        "log_file": "",
         "mon_host": cluster.mon_host,
-        "key": credentials.key,
         # Pacific takes whole seconds here and rejects "30.0".
         "rados_osd_op_timeout": _seconds(settings.osd_op_timeout),
         "rados_mon_op_timeout": _seconds(settings.mon_op_timeout),
         "client_mount_timeout": _seconds(settings.mount_timeout),
-        "log_to_stderr": "false",
-        "err_to_stderr": "false",
-        "log_file": "",
         # Snapshots and clones (cephcsi.ceph.layering): clone v2 needs no protected snapshot, and
         # a deleted image that clones still read through waits in the trash until they are gone.
         "rbd_default_clone_format": "2",
         "rbd_move_parent_to_trash_on_remove": "true",
         # Read once per pool by cephcsi.ceph.pool_validation, not by every create.
         pool_validation.OPTION: "false",
+        # In memory only: a `keyfile` would put it on disk, and librados prints either the same way.
+        "key": credentials.key,
     }
     handle = rados.Rados(rados_id=credentials.user_id, conf=conf)
     try:
