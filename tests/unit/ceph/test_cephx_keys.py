@@ -5,9 +5,15 @@ import base64
 import os
 import struct
 
+from collections.abc import Callable
+
 import pytest
+import rados
 
 from cephcsi.ceph import cephx_keys
+from cephcsi.ceph.connection import ConnectionCache
+from cephcsi.config.clusters import ClusterConfig
+from cephcsi.settings import CephSettings
 from cephcsi.ceph.credentials import Credentials, is_cephx_key
 from cephcsi.errors import FailedPrecondition, InvalidArgument
 
@@ -23,6 +29,7 @@ def make_key(cipher: int, secret: bytes, declared: int | None = None) -> str:
 
 AES_KEY = make_key(1, os.urandom(16))
 AES256K_KEY = make_key(2, os.urandom(32))
+Opener = Callable[[ClusterConfig, Credentials, CephSettings], rados.Rados]
 OLD = cephx_keys.Client("librados", "16.2.15", reads_aes256k=False)
 NEW = cephx_keys.Client("librados", "20.2.4", reads_aes256k=True)
 
@@ -132,3 +139,29 @@ def test_credentials_refuse_a_malformed_key_but_take_an_aes256k_one() -> None:
     assert Credentials.from_secrets({"userID": "csi", "userKey": AES256K_KEY}).key_info.cipher == cephx_keys.AES256K
     with pytest.raises(InvalidArgument, match="userKey is not a cephx key"):
         Credentials.from_secrets({"userID": "csi", "userKey": make_key(2, os.urandom(16))})
+
+
+def _session_error(opener: Opener | None, key: str) -> Exception:
+    cache = ConnectionCache(CephSettings(mount_timeout=1.0)) if opener is None else \
+        ConnectionCache(CephSettings(mount_timeout=1.0), opener=opener)
+    with pytest.raises(Exception) as caught:
+        with cache.session(ClusterConfig("c1", ("127.0.0.1:1",)), Credentials("csi", key)) as session:
+            session.rados
+    return caught.value
+
+
+def test_the_connection_passes_the_refusal_of_an_unreadable_key_through_unchanged() -> None:
+    """open_rados refuses before librados sees the key; the connection must not turn that into INTERNAL."""
+    if cephx_keys.library_client().reads_aes256k:
+        pytest.skip("this host's librados reads aes256k keys")
+    error = _session_error(None, AES256K_KEY)
+    assert isinstance(error, FailedPrecondition) and "cannot read aes256k keys" in str(error)
+
+
+def test_a_connect_timeout_with_an_aes_key_names_the_cipher_situation() -> None:
+    def times_out(_cluster: ClusterConfig, _credentials: Credentials, _settings: CephSettings) -> rados.Rados:
+        raise rados.TimedOut("error connecting to the cluster", errno=110)
+
+    message = str(_session_error(times_out, AES_KEY))
+    assert "Either the monitors are unreachable" in message and "legacy aes cephx key" in message
+    assert "auth_allowed_ciphers" in message and AES_KEY not in message
