@@ -137,18 +137,19 @@ def check_usable(key: KeyInfo, client: Client, field: str = "userKey") -> None:
     )
 
 
-def refusal_hint(key: KeyInfo, client: Client) -> str:
+def refusal_hint(key: KeyInfo, client: Client | None = None) -> str:
     """What to say when the monitors refuse a key the client could read: with a legacy aes key
     the cluster's allowed ciphers are the likelier cause, before the key itself."""
+    by = f" (client: {client.describe()})" if client is not None else ""
     if key.cipher == AES:
         return (
-            f"The key is a legacy aes cephx key (client: {client.describe()}): a Ceph Tentacle 20.2.4 or newer "
+            f"The key is a legacy aes cephx key{by}: a Ceph Tentacle 20.2.4 or newer "
             "cluster refuses aes keys unless `ceph mon set auth_allowed_ciphers aes256k,aes` allows them, so check "
             "that first (`ceph mon dump` shows auth_allowed_ciphers), then check the secret's userID/userKey; or give the "
             "driver the user's aes256k key with a client that reads aes256k (Ceph Tentacle 20.2.4 or newer). "
             f"See {TROUBLESHOOTING}."
         )
-    return (f"The key is a well-formed aes256k cephx key (client: {client.describe()}), which only a Ceph "
+    return (f"The key is a well-formed aes256k cephx key{by}, which only a Ceph "
             "Tentacle 20.2.4 or newer cluster knows: check the secret's userID/userKey against this cluster's "
             f"`ceph auth get client.<id>`. See {TROUBLESHOOTING}.")
 

@@ -45,6 +45,7 @@ import signal
 import time
 from collections.abc import Callable
 
+from cephcsi.ceph import cephx_keys
 from cephcsi.ceph.credentials import key_file
 from cephcsi.errors import (
     CephCSIError,
@@ -91,9 +92,14 @@ TABLE: tuple[Rule, ...] = (
 """rbd-fuse failures by the phrases of its stderr; anything else stays the CommandFailed it was."""
 
 
-def translate(error: CommandFailed, what: str) -> CephCSIError:
-    """A failed rbd-fuse start → the error class a CO can act on."""
-    return translate_by(TABLE, set(), error.stderr.lower(), what=what, stderr=tail(error.stderr, 300)) or error
+def translate(error: CommandFailed, what: str, key: cephx_keys.KeyInfo | None = None) -> CephCSIError:
+    """A failed rbd-fuse start → the error class a CO can act on. A refusal or a monitor timeout
+    also says what the key's cipher suggests (a Tentacle cluster that allows only aes256k answers
+    a right aes key with `handle_auth_bad_method`, the same as a wrong key)."""
+    found = translate_by(TABLE, set(), error.stderr.lower(), what=what, stderr=tail(error.stderr, 300))
+    if found is None:
+        return error
+    return type(found)(f"{found.message} {cephx_keys.refusal_hint(key)}") if key is not None else found
 
 
 def rbd_fuse_argv(conf: str, user_id: str, pool: str, namespace: str, image: str, mount_dir: str) -> list[str]:
@@ -286,7 +292,7 @@ class FuseMapper:
                         f"namespace; {request.image} is not. Use the krbd or rbd-nbd mapper for it. "
                         f"{tail(error.stderr, 200)}"
                     ) from None
-                raise translate(error, what) from None
+                raise translate(error, what, request.credentials.key_info) from None
             # The first request waits for rbd-fuse's FUSE init (its Ceph connection); only then
             # may the key file go.
             state = mounts.probe_path(backing, self.connect_timeout + 5)

@@ -80,3 +80,18 @@ def test_run_scrubs_what_a_tool_prints_before_it_is_logged_or_quoted(caplog: pyt
     logged = [str(vars(record)) for record in caplog.records if record.name == "cephcsi.node.exec"]
     assert logged and all(secret not in entry for entry in logged)
     assert any("failed to decode key '***" in entry for entry in logged)  # the stderr was logged, scrubbed
+
+
+def test_an_rbd_fuse_refusal_of_an_aes_key_names_the_allowed_ciphers() -> None:
+    """What rbd-fuse 16.2.15 printed for a right aes key on a Tentacle 20.2.4 cluster allowing only aes256k."""
+    from cephcsi.ceph import cephx_keys
+    from cephcsi.errors import PermissionDenied
+    from cephcsi.node.exec import CommandFailed, Result
+    from cephcsi.node.mappers import fuse
+
+    stderr = ("2026-11-27T08:07:34.215+0000 7f77305c16c0 -1 monclient(hunting): handle_auth_bad_method server "
+              "allowed_methods [2] but i only support [2,1]\nfailed to fetch mon config (--no-mon-config to skip)\n")
+    failed = CommandFailed(Result(("rbd-fuse",), 1, "", stderr), "start rbd-fuse")
+    found = fuse.translate(failed, "start rbd-fuse", cephx_keys.inspect(key(1, 16)))
+    assert isinstance(found, PermissionDenied)
+    assert "legacy aes cephx key" in found.message and "auth_allowed_ciphers aes256k,aes" in found.message
