@@ -127,9 +127,13 @@ def add_entry(io: rados.Ioctx, name: str, image_id: str, now: float) -> None:
             io.execute(TRASH, "rbd", "trash_add", request)
         except rados.ObjectExists:
             # An entry under this id appeared since the caller looked: not ours to take over.
-            entry = imagestate.trash_entry(io, image_id)
+            try:
+                entry = imagestate.trash_entry(io, image_id)
+                seen = entry.state.name if entry else "gone again"
+            except encoding.UnknownEncoding as error:
+                seen = error.message
             raise Internal(f"image {name!r} (id {image_id}) got a trash entry from another client "
-                           f"({entry.state.name if entry else 'gone again'}) while it was being deleted; retry") from None
+                           f"({seen}) while it was being deleted; retry") from None
 
 
 def unlist(io: rados.Ioctx, name: str, image_id: str) -> None:

@@ -59,7 +59,9 @@ class Release:
     name: str
     """As `require_osd_release` names it."""
     librbd: tuple[int, int]
-    """The client library's (major, minor) ABI version, as `rbd.RBD().version()` reports it."""
+    """The client library's (major, minor) ABI version, as `rbd.RBD().version()` reports it
+    (librbd's `rbd_version`: 1.16 in Debian's 16.2.15, 1.18 in 18.2.7, 1.20 in 20.2.4, read from
+    the function's code in each package)."""
     checked: str
     """Which versions the comparison ran with, and where."""
 

@@ -8,10 +8,12 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+import rados
 import rbd
 
-from cephcsi.ceph import encoding, trash_move, verified
+from cephcsi.ceph import encoding, imagestate, omap, trash_move, verified
 from cephcsi.ceph.connection import ConnectionCache
+from cephcsi.ceph.imagestate import TrashState
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.settings import CephSettings
@@ -227,3 +229,39 @@ def _creates_by_librbd(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(rbd.RBD, "create", counted)
     return calls
+
+
+def test_watchers_of_the_trash_get_librbds_notify_of_a_deleted_volume(
+    manager: VolumeManager, ceph_cluster: CephTestCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client watching `rbd_trash` (as rbd-mirror does) is told of every image a delete moves
+    there, with librbd's own payload (NOTIFY_OP_IMAGE_ADDED, the id, the entry): the delete
+    leaves the move of a watched trash to librbd (the bindings cannot send that payload)."""
+    baseline = read_pool(ceph_cluster)
+    by_librbd = _trash_moves_by_librbd(monkeypatch)
+    volume, image_id, _ = _create(manager, ceph_cluster)
+    payloads: list[bytes] = []
+    entries: list[bytes] = []
+    with admin_ioctx(ceph_cluster) as io:
+        try:
+            io.stat(imagestate.TRASH)
+        except rados.ObjectNotFound:
+            io.write_full(imagestate.TRASH, b"")  # a watch needs the object
+        watch = io.watch(imagestate.TRASH, lambda _n, _f, _w, data: payloads.append(bytes(data)))
+        try:
+            manager.delete(volume.volume_id.encode(), dict(ceph_cluster.secrets))
+            give_up = time.monotonic() + 10
+            while not any(image_id.encode() in p for p in payloads):
+                assert time.monotonic() < give_up, payloads
+                time.sleep(0.02)
+            entries = [raw for key, raw in (omap.read_raw(io, imagestate.TRASH) or {}).items() if key == f"id_{image_id}"]
+        finally:
+            watch.close()
+    assert by_librbd == [volume.image_name]
+    # NOTIFY_OP_IMAGE_ADDED (0) for this image; the mgr's purge may follow with IMAGE_REMOVED (1).
+    added = [p for p in payloads if image_id.encode() in p and p[6:10] == bytes(4)]
+    assert len(added) == 1
+    if entries:  # not purged yet: the notify carries the entry as the move left it (NORMAL, the
+        # last byte; the mgr's purge may have made it REMOVING since)
+        assert added == [trash_move.trash_watcher_payload(image_id, entries[0][:-1] + bytes((TrashState.NORMAL.value,)))]
+    wait_for_pool(ceph_cluster, baseline)
