@@ -6,13 +6,14 @@ one client that reads the aes256k keys a fresh Tentacle >= 20.2.4 cluster makes)
 records every Debian package it installed; and the image's own controller and node plugin
 (fuse mapper, podman with the DaemonSet's privileges and mount propagation) run a volume's
 whole life against every Ceph release the suite can start: the host's Pacific 16.2.15 (a
-cluster older than its client, as mid-upgrade), and Tentacle 20.2.4 with stock aes256k auth
-and Reef 18.2.7 when tests/ceph/fixtures.py can start them.
+cluster older than its client, as mid-upgrade), Reef 18.2.7, and Tentacle 20.2.4 with its stock
+aes256k auth (tests/ceph/fixtures.py's release clusters; the session's own is reused).
 
 Cost: ~4 min on the first run of a machine (debootstrap of sid ~1.5 min, build ~2 min, save
 ~10 s); with the base image and the layer cache warm, a few seconds when nothing changed and
-~25 s when cephcsi/ changed. Each volume life cycle takes ~15 s, plus the start of its
-cluster. The e2e harness calls the same build script; its lock serializes the two.
+~2 min when cephcsi/ changed (the wheel is rebuilt). Each volume's life cycle takes ~4 s, plus
+~10-50 s to start its cluster (~90 s for the three). The e2e harness calls the same build
+script; its lock serializes the two.
 """
 from __future__ import annotations
 
