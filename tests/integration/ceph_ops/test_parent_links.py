@@ -11,7 +11,7 @@ import pytest
 import rados
 import rbd
 
-from cephcsi.ceph import layering
+from cephcsi.ceph import encoding, imagestate, layering
 from cephcsi.ceph.encoding import UnknownEncoding
 from cephcsi.ceph.connection import ConnectionCache, Session
 from cephcsi.ceph.credentials import Credentials
@@ -77,3 +77,17 @@ def test_an_unknown_parent_encoding_is_read_through_librbd(
         layering.header_parent(io, grandchild_id)
     assert layering.depth(session, io, grandchild_id) == 2
     assert layering.depth(session, io, parent_id) == 0
+
+
+def test_debris_left_unlisted_is_removed(io: rados.Ioctx) -> None:
+    """A clone or create killed before its directory entry (a librbd that lists last): header
+    and id object only. `remove_debris` (a clone's retry) takes it out, leaving nothing."""
+    name = f"debris-{uuid.uuid4().hex[:8]}"
+    rbd.RBD().create(io, name, 8 << 20, old_format=False, features=rbd.RBD_FEATURE_LAYERING)
+    with rbd.Image(io, name, read_only=True) as image:
+        image_id = str(image.id())
+    io.execute("rbd_directory", "rbd", "dir_remove_image", encoding.string(name) + encoding.string(image_id))
+    assert imagestate.inspect(io, name, image_id).unlisted
+    layering.remove_debris(io, name)
+    assert imagestate.inspect(io, name, image_id).gone
+    assert [entry for entry in imagestate.trash_entries(io) if entry.image_id == image_id] == []
