@@ -43,6 +43,8 @@ FACTS_TTL_SECONDS = 600.0
 """How long one reading of the cluster's release is trusted (an upgrade is noticed this late)."""
 RETRY_SECONDS = 30.0
 """After a failed reading (librbd meanwhile), how long until the next attempt."""
+READ_TIMEOUT_SECONDS = 10.0
+"""At most this long for the reading (on the create or delete that happens to make it)."""
 
 
 class Mode(enum.Enum):
@@ -144,18 +146,26 @@ class HandWriteGate:
         self._expires = 0.0
         """When the cached decision is read again (monotonic)."""
         self._logged: str | None = None
+        self._reading = False
         self._lock = threading.Lock()  # guards the cached decision; held for no Ceph call
 
     def allowed(self, handle: rados.Rados, timeout: float) -> bool:
+        """The cached decision; read again when it expired. One caller reads at a time: the
+        others meanwhile go on with the previous decision, or librbd before the first."""
         now = self._clock()
         with self._lock:
             decision = self._decision
-            fresh = decision is not None and (self.mode is not Mode.AUTO or now < self._expires)
-        if fresh:
-            assert decision is not None
-            return decision.allowed
-        release = self._reader(handle, timeout) if self.mode is Mode.AUTO else None
-        decision = decide(self.mode, release, self._client())
+            if decision is not None and (self.mode is not Mode.AUTO or now < self._expires):
+                return decision.allowed
+            if self._reading:
+                return decision.allowed if decision is not None else False
+            self._reading = True
+        try:
+            release = self._reader(handle, min(timeout, READ_TIMEOUT_SECONDS)) if self.mode is Mode.AUTO else None
+            decision = decide(self.mode, release, self._client())
+        finally:
+            with self._lock:
+                self._reading = False
         with self._lock:
             self._decision = decision
             self._expires = now + (FACTS_TTL_SECONDS if release is not None else RETRY_SECONDS)

@@ -132,3 +132,21 @@ def test_reading_the_release(ret: int, out: bytes, expected: str | None) -> None
 def test_a_failing_monitor_reads_as_unknown() -> None:
     handle = FakeHandle(0, b"", rados.TimedOut("timed out"))
     assert verified.read_cluster_release(cast(rados.Rados, handle), 5) is None
+
+
+def test_one_caller_reads_while_the_others_go_on() -> None:
+    """Callers arriving during a reading do not queue behind it (or send their own): before the
+    first decision they get librbd, later the previous decision."""
+    clock = Clock()
+    seen: list[bool] = []
+    gate: HandWriteGate
+
+    def reader(handle: rados.Rados, timeout: float) -> str | None:
+        assert timeout <= verified.READ_TIMEOUT_SECONDS
+        seen.append(gate.allowed(HANDLE, 5))  # another call arriving meanwhile
+        return "pacific"
+
+    gate = HandWriteGate(Mode.AUTO, clock=clock, reader=reader, client=lambda: PACIFIC_CLIENT)
+    assert gate.allowed(HANDLE, 30) and seen == [False]
+    clock.now += FACTS_TTL_SECONDS + 1
+    assert gate.allowed(HANDLE, 30) and seen == [False, True]
