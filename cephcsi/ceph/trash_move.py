@@ -17,9 +17,9 @@ name resumes (`cephcsi.ceph.trash.move`).
 
 The `rbd_trash` notify. After the move librbd notifies the watchers of `rbd_trash`
 (NOTIFY_OP_IMAGE_ADDED with the image id and the entry, `trash_watcher_payload`). python-rados
-cannot send that payload: its `notify` takes a `str`, sends its UTF-8 encoding cut to the
-string's length, and the entry's timestamps are arbitrary bytes (checked with the Pacific, Reef
-and Tentacle bindings). So the notify is made to reach every watcher another way: whether
+cannot send that payload: its `notify` takes a `str` (the Pacific, Reef and Tentacle bindings
+alike) and sends its UTF-8 encoding cut to the string's length (measured with Pacific's), while
+the entry's timestamps are arbitrary bytes. So the notify is made to reach every watcher another way: whether
 `rbd_trash` has watchers is read in the same round trip as the features (`Eligibility`), and a
 watched trash (rbd-mirror's trash watcher, say) leaves the move to librbd, which notifies them.
 An unwatched trash has nobody to notify. (The probe itself is a notify of an op number no
