@@ -67,6 +67,10 @@ tests/controlplane/snapshotter_build.sh >/dev/null
 # bench/'s Go gRPC caller (section 1; its integration test runs it): a few seconds, cached by its sources.
 log "building bench/grpccaller (cached after the first run)"
 "$VENV/bin/python" -c "from bench import go_caller; go_caller.build()"
+# The real-kernel VM node of tests/vm (krbd, rbd-nbd): a debootstrapped bookworm disk image with
+# the driver's dependencies, cached by a hash of its recipe (~3-4 minutes the first time).
+log "building the VM test node image (cached after the first run)"
+PYTHON="$(cd "$VENV" && pwd)/bin/python" tests/vm/build_image.sh >/dev/null
 # Reef 18.2.7 and Tentacle 20.2.4 daemons for scripts/test.sh's release sessions: debootstrapped
 # roots (~3-4 min each the first time), cached outside the repo like the control plane.
 for release in $(tests/ceph/releases.sh list); do
