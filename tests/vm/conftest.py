@@ -1,0 +1,241 @@
+"""Session fixtures of the real-kernel tier: one VM node (stock Debian kernel: krbd, rbd-nbd),
+a Ceph test cluster bound to the host's bridge address, and the node plugin in the VM.
+
+One boot per session (40-140 s under TCG, depending on the host's load): every test shares the
+VM, cleans what it staged, and checks that nothing stays mapped. The tier skips, saying why,
+where it cannot run: no qemu, not root, no /dev/net/tun, or no image built (scripts/setup.sh
+builds it, tests/vm/build_image.sh).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from unittest import mock
+
+import grpc
+import pytest
+
+from cephcsi._generated import csi_pb2
+from cephcsi.volumes.volume_id import VolumeId
+from tests.ceph.fixtures import CephTestCluster, start_cluster, stop_cluster
+from tests.vm import network
+from tests.vm.machine import QEMU, VmImage, VmNode
+from tests.vm.plugin import KUBELET_DIR, GuestPlugin
+
+REPO = str(pathlib.Path(__file__).resolve().parents[2])
+BUILD = pathlib.Path(__file__).with_name("build_image.sh")
+MiB = 1 << 20
+STAGING_ROOT = f"{KUBELET_DIR}/plugins/kubernetes.io/csi/rbd.csi.ceph.com"
+PODS_ROOT = f"{KUBELET_DIR}/pods"
+Cap = csi_pb2.VolumeCapability
+Mode = Cap.AccessMode
+
+
+def missing_requirement() -> str:
+    """Why this machine cannot run the VM tier ('' when it can)."""
+    if shutil.which(QEMU) is None:
+        return f"{QEMU} is not installed (scripts/setup.sh installs qemu-system-x86)"
+    if os.geteuid() != 0:
+        return "the VM tier needs root (tap devices, a bridge, 9p shares with passthrough)"
+    if not os.path.exists("/dev/net/tun"):
+        return "/dev/net/tun is missing: no tap device for the VM"
+    if shutil.which("ceph-mon") is None:
+        return "ceph-mon is not installed (the VM tier starts its own Ceph test cluster)"
+    return ""
+
+
+def built_image() -> VmImage | None:
+    result = subprocess.run([str(BUILD), "--check"], capture_output=True, text=True, check=False, timeout=60)
+    if result.returncode != 0:
+        return None
+    image = VmImage(result.stdout.strip().splitlines()[-1])
+    return image if image.complete() else None
+
+
+@pytest.fixture(scope="session")
+def vm_image() -> VmImage:
+    reason = missing_requirement()
+    if reason:
+        pytest.skip(f"VM tier: {reason}")
+    image = built_image()
+    if image is None:
+        pytest.skip("VM tier: the VM image is not built for the current tests/vm (run scripts/setup.sh, "
+                    "or tests/vm/build_image.sh)")
+    return image
+
+
+@pytest.fixture(scope="session")
+def vm_cluster(vm_image: VmImage) -> Iterator[CephTestCluster]:
+    """A Ceph cluster the VM can reach: bound to the bridge address (the bridge must exist first)."""
+    network.ensure_bridge()
+    directory = tempfile.mkdtemp(prefix="cv-", dir="/tmp")
+    try:
+        with mock.patch.dict(os.environ, {"CEPH_ADDR": network.HOST_ADDRESS}):
+            cluster = start_cluster(directory)
+    except subprocess.CalledProcessError as error:
+        stop_cluster(directory)
+        pytest.fail(f"could not start the Ceph test cluster on {network.HOST_ADDRESS}: {error.stderr}")
+    try:
+        yield cluster
+    finally:
+        stop_cluster(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def vm_node(vm_image: VmImage, vm_cluster: CephTestCluster) -> Iterator[VmNode]:
+    workdir = tempfile.mkdtemp(prefix="vm0-", dir="/tmp")
+    node = VmNode(vm_image, 0, workdir, REPO)
+    try:
+        node.start()
+        print(f"\nVM node 0 ({node.accel}) ready after {node.boot_seconds:.0f}s")
+        yield node
+    finally:
+        node.stop()
+        if os.environ.get("KEEP_VM_LOGS"):
+            print(node.diagnostics(400))
+        shutil.rmtree(workdir, ignore_errors=True)
+        network.remove_bridge()
+
+
+@pytest.fixture(scope="session")
+def plugin(vm_node: VmNode, vm_cluster: CephTestCluster) -> Iterator[GuestPlugin]:
+    guest = GuestPlugin(vm_node, vm_cluster)
+    guest.start()
+    try:
+        yield guest
+    finally:
+        if os.environ.get("KEEP_VM_LOGS"):
+            print(guest.log())
+        if vm_node.running():
+            guest.stop()
+
+
+# -- volumes ------------------------------------------------------------------------------------
+
+
+@dataclass
+class VmVolume:
+    """An RBD image and the CSI calls on it, made to the plugin in the VM."""
+
+    volume_id: str
+    image: str
+    context: dict[str, str]
+    plugin: GuestPlugin = field(repr=False)
+    cluster: CephTestCluster = field(repr=False)
+
+    def stage(self, staging: str, cap: Cap, timeout: float = 240) -> None:
+        self.plugin.node.NodeStageVolume(csi_pb2.NodeStageVolumeRequest(
+            volume_id=self.volume_id, staging_target_path=staging, volume_capability=cap,
+            secrets=self.cluster.secrets, volume_context=self.context), timeout=timeout)
+
+    def unstage(self, staging: str, timeout: float = 240) -> None:
+        self.plugin.node.NodeUnstageVolume(csi_pb2.NodeUnstageVolumeRequest(
+            volume_id=self.volume_id, staging_target_path=staging), timeout=timeout)
+
+    def publish(self, staging: str, target: str, cap: Cap, timeout: float = 120) -> None:
+        self.plugin.node.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(
+            volume_id=self.volume_id, staging_target_path=staging, target_path=target,
+            volume_capability=cap), timeout=timeout)
+
+    def unpublish(self, target: str, timeout: float = 120) -> None:
+        self.plugin.node.NodeUnpublishVolume(csi_pb2.NodeUnpublishVolumeRequest(
+            volume_id=self.volume_id, target_path=target), timeout=timeout)
+
+    def expand(self, path: str, size_mb: int, staging: str = "", timeout: float = 240) -> int:
+        request = csi_pb2.NodeExpandVolumeRequest(
+            volume_id=self.volume_id, volume_path=path, staging_target_path=staging,
+            capacity_range=csi_pb2.CapacityRange(required_bytes=size_mb * MiB))
+        return int(self.plugin.node.NodeExpandVolume(request, timeout=timeout).capacity_bytes)
+
+    def grow(self, size_mb: int) -> None:
+        """What ControllerExpandVolume does to the image (the plugin in the VM sees it through Ceph)."""
+        self.cluster.admin("rbd", "resize", "--no-progress", "--size", f"{size_mb}M", f"{self.cluster.pool}/{self.image}")
+
+
+_PATHS = itertools.count(1)  # unique for the session: a failed test's leftovers never collide
+
+
+@dataclass
+class VmEnv:
+    vm: VmNode
+    plugin: GuestPlugin
+    cluster: CephTestCluster
+
+    def staging(self) -> str:
+        return f"{STAGING_ROOT}/st{next(_PATHS)}/globalmount"
+
+    def target(self) -> str:
+        parent = f"{PODS_ROOT}/p{next(_PATHS)}/volumes/kubernetes.io~csi/pvc"
+        self.vm.check(f"mkdir -p {parent}")
+        return f"{parent}/mount"
+
+    def mapped(self, device_type: str) -> str:
+        """`rbd device list` for krbd or nbd in the VM (stdout; '' when nothing is mapped)."""
+        return self.vm.check(f"rbd device list --device-type {device_type} 2>/dev/null", timeout=60).strip()
+
+
+def mount_cap(fs_type: str = "ext4") -> Cap:
+    return Cap(mount=Cap.MountVolume(fs_type=fs_type), access_mode=Mode(mode=Mode.SINGLE_NODE_WRITER))
+
+
+def block_cap() -> Cap:
+    return Cap(block=Cap.BlockVolume(), access_mode=Mode(mode=Mode.SINGLE_NODE_WRITER))
+
+
+def expect_code(code: grpc.StatusCode, call: Callable[..., object], *args: object, **kwargs: object) -> str:
+    with pytest.raises(grpc.RpcError) as caught:
+        call(*args, **kwargs)
+    error = caught.value
+    assert error.code() == code, f"expected {code.name}, got {error.code().name}: {error.details()}"
+    return str(error.details())
+
+
+@pytest.fixture
+def vm_env(vm_node: VmNode, plugin: GuestPlugin, vm_cluster: CephTestCluster) -> Iterator[VmEnv]:
+    env = VmEnv(vm_node, plugin, vm_cluster)
+    yield env
+    # Whatever a failed test left: nothing mapped or mounted may leak into the next test.
+    vm_node.run(
+        f"for m in $(awk '$2 ~ \"^{KUBELET_DIR}/\" {{print $2}}' /proc/mounts | sort -r); do umount $m; done; "
+        "for d in $(rbd device list -t krbd --format json 2>/dev/null | python3 -c "
+        "'import json,sys; [print(e[\"device\"]) for e in json.load(sys.stdin)]'); do rbd device unmap $d; done; "
+        "for d in $(rbd device list -t nbd --format json 2>/dev/null | python3 -c "
+        "'import json,sys; [print(e[\"device\"]) for e in json.load(sys.stdin)]'); do rbd device unmap -t nbd $d; done; "
+        # Stage records and mount points, once nothing is mounted under them any more.
+        f"grep -q ' {KUBELET_DIR}/' /proc/mounts || rm -rf --one-file-system {STAGING_ROOT} {PODS_ROOT}",
+        timeout=180,
+    )
+
+
+@pytest.fixture
+def make_volume(vm_env: VmEnv) -> Iterator[Callable[..., VmVolume]]:
+    created: list[VmVolume] = []
+
+    def make(size_mb: int = 64, mounter: str = "", features: str = "", **context: str) -> VmVolume:
+        image = f"vm-{uuid.uuid4().hex[:10]}"
+        args = ["rbd", "create", "--size", f"{size_mb}M"]
+        if features:
+            args += ["--image-feature", features]
+        vm_env.cluster.admin(*args, f"{vm_env.cluster.pool}/{image}")
+        volume_id = VolumeId(vm_env.cluster.cluster_id, 1, VolumeId.new_uuid()).encode()
+        ctx = {"clusterID": vm_env.cluster.cluster_id, "pool": vm_env.cluster.pool, "imageName": image, **context}
+        if mounter:
+            ctx["mounter"] = mounter
+        volume = VmVolume(volume_id, image, ctx, vm_env.plugin, vm_env.cluster)
+        created.append(volume)
+        return volume
+
+    yield make
+    for volume in created:
+        try:
+            vm_env.cluster.admin("rbd", "rm", "--no-progress", f"{vm_env.cluster.pool}/{volume.image}", timeout=120)
+        except subprocess.CalledProcessError:
+            pass  # a watcher of a killed client: the cluster goes with the session
