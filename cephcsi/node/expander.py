@@ -6,7 +6,10 @@ sizes on the system are the state, so a crash between them needs no recovery):
 
 1. Device. krbd and rbd-nbd resize their device themselves when the image header changes
    (the kernel client and the rbd-nbd daemon both watch the header), so we only wait for the
-   device to report the requested size. The fuse mapper has two layers: rbd-fuse reports the
+   device to report the requested size. Except an rbd-nbd device bound through the kernel's
+   nbd netlink interface (mapOptions `nbd:try-netlink`): the kernel does not resize those
+   while connected (mappers/nbd.py), so after a short look the answer is FAILED_PRECONDITION
+   saying that a restage brings the new size, not an endless "retry". The fuse mapper has two layers: rbd-fuse reports the
    image's current size as its file's size (checked on the real cluster: `stat` follows an
    `rbd resize` at once), but a loop device keeps the size it had when attached until told
    otherwise, hence `losetup --set-capacity` when the file is larger than the loop device.
@@ -41,7 +44,8 @@ from dataclasses import dataclass
 from cephcsi.errors import CephCSIError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
 from cephcsi.node import devices, filesystems, fssize, mounts, stage_record
 from cephcsi.node.exec import CommandFailed, Runner, tail
-from cephcsi.node.mappers.base import FUSE, Mapper
+from cephcsi.node.mappers import nbd
+from cephcsi.node.mappers.base import FUSE, NBD, Mapper
 from cephcsi.node.mappers.fuse import backing_file
 from cephcsi.node.stage_record import ACCESS_MOUNT, BLOCK_FILE, FS_DIR, StageRecord
 from cephcsi.observability.logging import fields
@@ -49,6 +53,9 @@ from cephcsi.observability.logging import fields
 log = logging.getLogger(__name__)
 
 _POLL = 0.1
+# How long a netlink-bound rbd-nbd device is watched for a new size before the answer says it
+# will not come (a kernel that learns to resize them would pass here).
+_NETLINK_GRACE = 2.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,7 @@ class NodeExpander:
         fs_size: Callable[[str, str], fssize.FsSize | None] = fssize.filesystem_size,
         sleep: Callable[[float], None] = time.sleep,
         device_numbers: Callable[[str], tuple[int, int]] = devices.device_numbers,
+        netlink_bound: Callable[[str], bool] = nbd.netlink_bound,
     ) -> None:
         self.mappers = mappers
         self.run = runner
@@ -85,6 +93,7 @@ class NodeExpander:
         self.fs_size = fs_size
         self.sleep = sleep
         self.device_numbers = device_numbers
+        self.netlink_bound = netlink_bound
 
     # -- finding the staged volume -----------------------------------------------------------
 
@@ -205,8 +214,20 @@ class NodeExpander:
         """Make `device` show the image's current size (at least `required` bytes); its size."""
         if record.mapper == FUSE:
             return self._sync_loop(record, device, required)
+        if record.mapper == NBD and self.netlink_bound(device):
+            return self._sync_netlink_nbd(record, device, required)
         return self._wait_for(f"{record.mapper} device {device}", lambda: self.size_of(device), required,
                               "the kernel (krbd) or rbd-nbd has not picked up the new size")
+
+    def _sync_netlink_nbd(self, record: StageRecord, device: str, required: int) -> int:
+        deadline = time.monotonic() + min(self.wait_seconds, _NETLINK_GRACE)
+        size = self.size_of(device)
+        while size < required and time.monotonic() < deadline:
+            self.sleep(_POLL)
+            size = self.size_of(device)
+        if size < required:
+            raise FailedPrecondition(nbd.resize_blocked(record.volume_id, device, size, required))
+        return size
 
     def _sync_loop(self, record: StageRecord, device: str, required: int) -> int:
         backing = backing_file(record.work_dir, record.image)

@@ -53,9 +53,17 @@ def ceph_stderr(text: str) -> str:
     )
 
 
+def said(error: CommandFailed) -> str:
+    """What a failed rbd command told the user, without the noise: stderr, after whatever it
+    printed on stdout — `rbd device map` prints its advice there, e.g. the kernel's "RBD image
+    feature set mismatch. You can disable features unsupported by the kernel with ..." (seen on
+    a real kernel, tests/vm), while stderr only says "map failed: (6) No such device or address"."""
+    return ceph_stderr(f"{error.result.stdout}\n{error.stderr}")
+
+
 def failure(error: CommandFailed, what: str) -> str:
-    """CommandFailed's message, quoting the stderr without the noise."""
-    return f"{what} failed: `{shlex.join(error.result.argv)}` exited {error.returncode}: {tail(ceph_stderr(error.stderr))}"
+    """CommandFailed's message, quoting the command's output without the noise."""
+    return f"{what} failed: `{shlex.join(error.result.argv)}` exited {error.returncode}: {tail(said(error))}"
 
 
 def image_args(image: ImageSpec) -> list[str]:
@@ -69,6 +77,11 @@ def image_args(image: ImageSpec) -> list[str]:
 TABLE: tuple[Rule, ...] = (
     Rule(FailedPrecondition, "{what}: this node cannot create the device ({message}); choose another mounter",
          phrases=("failed to load rbd kernel module", "failed to find unused device")),
+    # krbd refuses images with features the kernel lacks (journaling; object-map and fast-diff
+    # on old kernels) with ENXIO and a hint naming the `rbd feature disable` command.
+    Rule(FailedPrecondition, "{what}: this node's kernel RBD client does not support all features of image "
+         "{image}; disable them on the image as the message says, or use mounter rbd-nbd ({message})",
+         phrases=("feature set mismatch",)),
     Rule(NotFound, "{what}: image {image} does not exist", errnos=frozenset({2}),
          phrases=("error opening image", "does not exist", "image not found")),
     Rule(PermissionDenied, "{what}: Ceph refused the credentials or their caps: {message}", errnos=frozenset({1, 13})),
@@ -76,12 +89,12 @@ TABLE: tuple[Rule, ...] = (
     Rule(FailedPrecondition, "{what}: the device is busy (still mounted or open): {message}", errnos=frozenset({16})),
     Rule(Internal, "{message}"),
 )
-"""A failed `rbd device map/unmap` by the errnos ("(2) No such file…") and phrases of its stderr."""
+"""A failed `rbd device map/unmap` by the errnos ("(2) No such file…") and phrases of its output (`said`)."""
 
 
 def translate(error: CommandFailed, what: str, image: ImageSpec) -> CephCSIError:
     """A failed rbd command → the error class a CO can act on."""
-    text = ceph_stderr(error.stderr)
+    text = said(error)
     codes = {int(code) for code in _ERRNO.findall(text)}
     found = translate_by(TABLE, codes, text.lower(), what=what, image=image, message=failure(error, what))
     assert found is not None  # the table ends with a fallback row

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.unit
 IMAGE = ImageSpec("replicapool", "csi-vol-1")
 
 
-def failed(stderr: str, argv: tuple[str, ...] = ("rbd", "device", "map")) -> CommandFailed:
-    return CommandFailed(Result(argv, 1, "", stderr), "map the image")
+def failed(stderr: str, argv: tuple[str, ...] = ("rbd", "device", "map"), stdout: str = "") -> CommandFailed:
+    return CommandFailed(Result(argv, 1, stdout, stderr), "map the image")
 
 
 def test_a_rule_needs_every_condition_it_names() -> None:
@@ -41,6 +41,10 @@ def test_first_matching_row_wins_and_fills_its_message() -> None:
 
 RBD_CLI = [
     ("rbd: failed to load rbd kernel module (1)\nrbd: sysfs write failed", errors.FailedPrecondition),
+    # krbd on Linux 6.1 mapping an image with journaling, as in tests/vm: the advice is on stdout
+    # (test_rbd_cli_reads_the_advice_rbd_prints_on_stdout), stderr has only the errno.
+    ('RBD image feature set mismatch. You can disable features unsupported by the kernel with "rbd feature '
+     'disable j1 journaling".\nrbd: map failed: (6) No such device or address', errors.FailedPrecondition),
     ("rbd: error opening image csi-vol-1: (2) No such file or directory", errors.NotFound),
     ("rbd: couldn't connect to the cluster!\nmonclient: handle_auth_bad_method: (13) Permission denied",
      errors.PermissionDenied),
@@ -55,6 +59,15 @@ def test_rbd_cli_table(stderr: str, cls: type[errors.CephCSIError]) -> None:
     found = rbd_cli.translate(failed(stderr), "map the image", IMAGE)
     assert type(found) is cls
     assert "{" not in found.message and "map the image" in found.message
+
+
+def test_rbd_cli_reads_the_advice_rbd_prints_on_stdout() -> None:
+    stdout = ('RBD image feature set mismatch. You can disable features unsupported by the kernel with "rbd feature '
+              'disable j1 journaling".\nIn some cases useful info is found in syslog - try "dmesg | tail".\n')
+    stderr = "rbd: sysfs write failed\nrbd: map failed: (6) No such device or address\n"
+    found = rbd_cli.translate(failed(stderr, stdout=stdout), "map the image", IMAGE)
+    assert type(found) is errors.FailedPrecondition
+    assert "rbd feature disable j1 journaling" in found.message and "rbd-nbd" in found.message
 
 
 def test_rbd_cli_enoent_of_the_ceph_conf_noise_is_not_a_missing_image() -> None:

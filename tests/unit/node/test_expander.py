@@ -14,6 +14,7 @@ from cephcsi.errors import FailedPrecondition, InvalidArgument, NotFound, Operat
 from cephcsi.locks import KeyLocks
 from cephcsi.node import fssize, stage_record
 from cephcsi.node.expander import NodeExpander, NodeExpandRequest
+from cephcsi.node.mappers import nbd
 from cephcsi.node.mappers.base import FUSE, KRBD, NBD
 from cephcsi.node.mounts import MountEntry
 from cephcsi.node.stage_record import ACCESS_BLOCK, ACCESS_MOUNT, StageRecord
@@ -113,6 +114,27 @@ def test_device_that_never_grows_is_a_clear_precondition_failure(tmp_path: Path)
     with pytest.raises(FailedPrecondition, match="ControllerExpandVolume must run first"):
         node.expand(128 * MiB)
     assert node.runner.argvs() == []
+
+
+def test_netlink_bound_nbd_device_says_restage_instead_of_retry(tmp_path: Path) -> None:
+    # The kernel does not resize a connected netlink nbd device (tests/vm shows it on Linux 6.1).
+    node = Node(tmp_path, NBD, "/dev/nbd3")
+    node.expander.netlink_bound = lambda device: device == "/dev/nbd3"
+    with pytest.raises(FailedPrecondition) as caught:
+        node.expand(128 * MiB)
+    message = caught.value.message
+    assert "netlink" in message and "staged again" in message and "retry" not in message
+    assert node.runner.argvs() == []
+    node.sizes["/dev/nbd3"] = 128 * MiB  # a kernel that does apply the size passes
+    assert node.expand(128 * MiB) == 128 * MiB
+
+
+def test_only_netlink_binds_have_a_backend_in_sysfs(tmp_path: Path) -> None:
+    (tmp_path / "nbd0").mkdir()
+    (tmp_path / "nbd0" / "backend").write_text("39484675-0350-42d9-84ba-676137fad925\n")
+    (tmp_path / "nbd1").mkdir()
+    assert nbd.netlink_bound("/dev/nbd0", str(tmp_path))
+    assert not nbd.netlink_bound("/dev/nbd1", str(tmp_path))
 
 
 def test_unexpected_filesystem_is_never_touched(tmp_path: Path) -> None:

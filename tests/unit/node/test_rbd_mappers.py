@@ -177,7 +177,7 @@ def test_nbd_map_argv(tmp_path: os.PathLike[str]) -> None:
         "rbd", "device", "map", "--device-type", "nbd",
         "--pool", "rbd", "--image", "csi-vol-1",
         "--id", "csi", "-m", "10.0.0.1:6789,10.0.0.2:6789", f"--keyfile={keyfile}", log_arg,
-        "--options", "try-netlink,io-timeout=30,reattach-timeout=60",
+        "--options", "io-timeout=30,reattach-timeout=60",
     ]
     assert runner.calls[1].files[keyfile] == (0o600, KEY)
     _no_key_on_argv(runner)

@@ -156,7 +156,7 @@ def test_krbd_argv_never_overrides_the_users_read_placement() -> None:
 
 
 def test_rbd_nbd_argv_has_no_read_affinity_as_in_ceph_csi() -> None:
-    assert _map_argv(NBD, [], (("zone", "a"),)) == ["--options", "try-netlink,reattach-timeout=300"]
+    assert _map_argv(NBD, [], (("zone", "a"),)) == ["--options", "reattach-timeout=300"]
 
 
 # -- Node labels, cached -------------------------------------------------------------------
