@@ -1,8 +1,10 @@
 """Session fixtures of the real-kernel tier: one VM node (stock Debian kernel: krbd, rbd-nbd),
 a Ceph test cluster bound to the host's bridge address, and the node plugin in the VM.
 
-One boot per session (40-140 s under TCG, depending on the host's load): every test shares the
-VM, cleans what it staged, and checks that nothing stays mapped. The tier skips, saying why,
+One boot per test session (25-140 s under TCG, depending on the host's load): every test shares
+the VM, cleans what it staged, and checks that nothing stays mapped. The fixtures are
+package-scoped, so the VM and its cluster (~2.5 GB of RAM, and an emulated CPU that is never quite
+idle) are gone once tests/vm is done, before the e2e tests that run last. The tier skips, saying why,
 where it cannot run: no qemu, not root, no /dev/net/tun, or no image built (scripts/setup.sh
 builds it, tests/vm/build_image.sh).
 """
@@ -59,7 +61,7 @@ def built_image() -> VmImage | None:
     return image if image.complete() else None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vm_image() -> VmImage:
     reason = missing_requirement()
     if reason:
@@ -71,7 +73,7 @@ def vm_image() -> VmImage:
     return image
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vm_cluster(vm_image: VmImage) -> Iterator[CephTestCluster]:
     """A Ceph cluster the VM can reach: bound to the bridge address (the bridge must exist first)."""
     network.ensure_bridge()
@@ -87,9 +89,10 @@ def vm_cluster(vm_image: VmImage) -> Iterator[CephTestCluster]:
     finally:
         stop_cluster(directory)
         shutil.rmtree(directory, ignore_errors=True)
+        network.remove_bridge()  # after the cluster bound to its address, and the VMs' taps, are gone
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vm_node(vm_image: VmImage, vm_cluster: CephTestCluster) -> Iterator[VmNode]:
     workdir = tempfile.mkdtemp(prefix="vm0-", dir="/tmp")
     node = VmNode(vm_image, 0, workdir, REPO)
@@ -102,10 +105,9 @@ def vm_node(vm_image: VmImage, vm_cluster: CephTestCluster) -> Iterator[VmNode]:
         if os.environ.get("KEEP_VM_LOGS"):
             print(node.diagnostics(400))
         shutil.rmtree(workdir, ignore_errors=True)
-        network.remove_bridge()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def plugin(vm_node: VmNode, vm_cluster: CephTestCluster) -> Iterator[GuestPlugin]:
     guest = GuestPlugin(vm_node, vm_cluster)
     guest.start()

@@ -8,7 +8,8 @@ import pytest
 from tests.vm.conftest import VmEnv, VmVolume, block_cap, mount_cap
 from tests.vm.guestio import kubelet_mounts, read_payload, stage_record, write_payload
 
-pytestmark = [pytest.mark.vm, pytest.mark.ceph]
+# 900 s: the first test also waits for the VM to boot under TCG (up to ~8 minutes on a loaded host).
+pytestmark = [pytest.mark.vm, pytest.mark.ceph, pytest.mark.timeout(900)]
 
 
 def round_trip(env: VmEnv, volume: VmVolume, access: str, mapper: str, device_prefix: str) -> None:

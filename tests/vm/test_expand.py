@@ -11,7 +11,8 @@ import pytest
 from tests.vm.conftest import MiB, VmEnv, VmVolume, expect_code, mount_cap
 from tests.vm.guestio import device_bytes, fs_bytes, read_payload, stage_record, write_payload
 
-pytestmark = [pytest.mark.vm, pytest.mark.ceph]
+# 900 s: the first test also waits for the VM to boot under TCG (up to ~8 minutes on a loaded host).
+pytestmark = [pytest.mark.vm, pytest.mark.ceph, pytest.mark.timeout(900)]
 
 # xfs needs 300 MB at mkfs; ext4 is kept small (mkfs and resize2fs cost time under TCG).
 SIZES = {"ext4": (64, 192), "xfs": (320, 512)}

@@ -11,7 +11,8 @@ from tests.vm.conftest import VmEnv, VmVolume, block_cap, expect_code, mount_cap
 from tests.vm.guestio import kubelet_mounts, read_payload, stage_record, write_payload
 from tests.vm.machine import scaled
 
-pytestmark = [pytest.mark.vm, pytest.mark.ceph]
+# 900 s: the first test also waits for the VM to boot under TCG (up to ~8 minutes on a loaded host).
+pytestmark = [pytest.mark.vm, pytest.mark.ceph, pytest.mark.timeout(900)]
 
 
 def test_image_feature_krbd_cannot_map_is_a_clear_error_with_nothing_left(vm_env: VmEnv, make_volume) -> None:  # type: ignore[no-untyped-def]
