@@ -20,7 +20,8 @@
 #               /sys, /dev and DIR bind-mounted into it (DIR at the same path; `stop` unmounts).
 #               Its default address is 127.0.0.8 (reef) or 127.0.0.9 (tentacle), bound with
 #               `public addr` (`public network` finds no interface for those).
-# CEPH_ROOT     a root to use instead of the cached one.
+# CEPH_ROOT     a root to use instead of the cached one; `/` when this script already runs inside
+#               the release's root (tests/ceph/in_root.sh): no chroot, no bind mounts.
 # CEPH_AUTH     stock (default) or legacy. Tentacle >= 20.2.4 allows only the cephx cipher
 #               aes256k and makes only aes256k keys (`Ag...`), which Pacific and Reef clients
 #               cannot parse. legacy also allows `aes` (as an upgraded cluster does) and makes the
@@ -57,8 +58,14 @@ if [[ $release != pacific && -z $root ]]; then
 fi
 
 # A Ceph program: the host's for pacific, the release root's otherwise.
+# From / as chroot starts them: Tentacle's default `osd class dir` is relative
+# (lib/x86_64-linux-gnu/rados-classes), so an OSD started elsewhere loads no cls and answers
+# every class call EOPNOTSUPP.
 run() {
-  if [[ -n $root ]]; then chroot "$root" "$@"; else "$@"; fi
+  if [[ -z $root ]]; then "$@"
+  elif [[ $root == / ]]; then (cd / && "$@")
+  else chroot "$root" "$@"
+  fi
 }
 
 free_port() {
@@ -99,6 +106,7 @@ key_type_of() {
 # DIR is mounted at its own path inside the root, so every path in ceph.conf means the same file
 # to the host and to the daemons. Recorded in DIR/run/root-mounts so stop removes exactly these.
 mount_root() {
+  [[ $root != / ]] || return 0
   exec 8>"$(dirname "$root")/.mounts.lock"
   flock 8
   local m
@@ -114,7 +122,7 @@ mount_root() {
 }
 
 umount_root() {
-  [[ -f $dir/run/root-mounts ]] || return 0
+  [[ $root != / && -f $dir/run/root-mounts ]] || return 0
   exec 8>"$(dirname "$root")/.mounts.lock"
   flock 8
   local m
@@ -210,7 +218,7 @@ CONF
   run ceph-mon -c "$conf" -i a
   run ceph-mgr -c "$conf" -i x
   local C="ceph -c $conf --connect-timeout 10"
-  [[ -z $root ]] || C="chroot $root $C"
+  [[ -z $root || $root == / ]] || C="chroot $root $C"
   wait_for 30 "monitor quorum" $C mon stat
 
   local osd_uuid osd_key

@@ -87,7 +87,7 @@ class CephTestCluster:
     def cli(self, tool: str, *args: str) -> list[str]:
         """The argv of a ceph/rbd CLI command as client.admin, from the cluster's own release."""
         argv = [tool, "-c", self.conf, *args]
-        return ["chroot", self.root, *argv] if self.root else argv
+        return ["chroot", self.root, *argv] if self.root not in ("", "/") else argv
 
     def admin(self, *args: str, timeout: float = 60) -> str:
         """Run a ceph/rbd CLI command as client.admin (tests only)."""
@@ -156,7 +156,13 @@ def session_release(name: str) -> tuple[str, str]:
 
 
 def release_root(release: str) -> str:
-    """The root holding `release`'s packages, debootstrapped the first time (~3-4 min), then cached."""
+    """The root holding `release`'s packages, debootstrapped the first time (~3-4 min), then cached.
+
+    "/" when this process already runs inside that root (tests/ceph/in_root.sh sets
+    CEPHCSI_IN_RELEASE_ROOT to the release): the daemons are then this system's own.
+    """
+    if os.environ.get("CEPHCSI_IN_RELEASE_ROOT") == release:
+        return "/"
     out = subprocess.run([str(RELEASES_SCRIPT), "build", release], check=True, capture_output=True, text=True,
                          timeout=1800)
     return out.stdout.strip().splitlines()[-1]

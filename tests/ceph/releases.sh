@@ -19,13 +19,20 @@ set -euo pipefail
 CACHE_ROOT="${CEPHCSI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cephcsi}"
 # Python 3 venv: a venv inside the root can run the driver with that release's client.
 PACKAGES=(ceph-mon ceph-mgr ceph-osd ceph-common python3-rados python3-rbd rbd-fuse uuid-runtime python3-venv)
-# Debian trixie's Reef mgr loads no module at all (rbd_support included, which the driver hands
-# image purges and flattens to): mgr_util imports bcrypt, and trixie's python3-bcrypt 4.2 is a
-# PyO3 module, which refuses the mgr's subinterpreters ("PyO3 modules do not yet support
-# subinterpreters", ceph tracker 64213). Upstream Reef builds carry a C bcrypt; the Reef root gets
-# bcrypt 3.2.2 (cffi, abi3) from PyPI in place of Debian's, pinned by hash. Tentacle has
-# mgr_subinterpreter_modules and loads fine.
+# Debian trixie's Reef mgr (18.2.7 on Python 3.13) is broken in two ways upstream Reef builds
+# (Python 3.9) are not; the driver hands image purges and flattens to its rbd_support module:
+# 1. it loads no module at all: mgr_util imports bcrypt, and trixie's python3-bcrypt 4.2 is a PyO3
+#    module, which refuses the mgr's subinterpreters ("PyO3 modules do not yet support
+#    subinterpreters", ceph tracker 64213). The root gets bcrypt 3.2.2 (cffi, abi3) from PyPI in
+#    place of Debian's, pinned by hash.
+# 2. rbd_support's progress callback, which librbd calls from its own thread, segfaults the mgr
+#    (_PyType_LookupRef under PyObject_GetAttr: Reef's subinterpreter handling predates 3.12's
+#    per-interpreter state) on the first `rbd task add trash remove` or `flatten` of an image
+#    with data objects. The root's rbd_support passes no progress callback (the task then runs
+#    without progress reports, which the driver does not read).
+# Tentacle (mgr_subinterpreter_modules, the Gil fixes) needs neither.
 REEF_BCRYPT="bcrypt==3.2.2 --hash=sha256:2b02d6bfc6336d1094276f3f588aa1225a598e27f8e3388f4db9948cb707b521"
+REEF_FIXES="$REEF_BCRYPT; rbd_support on_progress=None"
 
 usage() { echo "usage: releases.sh build|path|version RELEASE | list" >&2; exit 2; }
 
@@ -49,7 +56,7 @@ base_of() {  # the folder of RELEASE's root for the current package list
   local suite key
   suite=$(suite_of "$1")
   local extra=""
-  [[ $1 != reef ]] || extra=$REEF_BCRYPT
+  [[ $1 != reef ]] || extra=$REEF_FIXES
   key=$(printf '%s %s %s\n' "$suite" "${PACKAGES[*]}" "$extra" | sha256sum | cut -c1-12)
   echo "$CACHE_ROOT/ceph-releases/$1/$key"
 }
@@ -79,6 +86,11 @@ fix_reef_mgr() {  # fix_reef_mgr ROOT BASE: see REEF_BCRYPT
   python3 -m zipfile -e "$wheels"/bcrypt-*.whl "$wheels/unpacked"
   cp -r "$wheels/unpacked/bcrypt" "$site/bcrypt"
   chroot "$tmp" python3 -c 'import bcrypt; assert bcrypt.__version__ == "3.2.2"'
+  local task=$tmp/usr/share/ceph/mgr/rbd_support/task.py
+  local callback='on_progress=partial(self.progress_callback, task)'
+  [[ $(grep -cF "$callback" "$task") == 6 ]] \
+    || { echo "releases.sh: rbd_support/task.py is not the one this fix was written for" >&2; exit 1; }
+  sed -i "s/on_progress=partial(self.progress_callback, task)/on_progress=None/" "$task"
 }
 
 build() {
