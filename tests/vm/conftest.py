@@ -28,7 +28,7 @@ from cephcsi._generated import csi_pb2
 from cephcsi.volumes.volume_id import VolumeId
 from tests.ceph.fixtures import CephTestCluster, start_cluster, stop_cluster
 from tests.vm import network
-from tests.vm.machine import QEMU, VmImage, VmNode
+from tests.vm.machine import QEMU, IndexInUse, VmImage, VmNode
 from tests.vm.plugin import KUBELET_DIR, GuestPlugin
 
 REPO = str(pathlib.Path(__file__).resolve().parents[2])
@@ -36,6 +36,7 @@ BUILD = pathlib.Path(__file__).with_name("build_image.sh")
 MiB = 1 << 20
 STAGING_ROOT = f"{KUBELET_DIR}/plugins/kubernetes.io/csi/rbd.csi.ceph.com"
 PODS_ROOT = f"{KUBELET_DIR}/pods"
+MAX_CONCURRENT_SESSIONS = 4
 Cap = csi_pb2.VolumeCapability
 Mode = Cap.AccessMode
 
@@ -94,16 +95,26 @@ def vm_cluster(vm_image: VmImage) -> Iterator[CephTestCluster]:
 
 @pytest.fixture(scope="package")
 def vm_node(vm_image: VmImage, vm_cluster: CephTestCluster) -> Iterator[VmNode]:
-    workdir = tempfile.mkdtemp(prefix="vm0-", dir="/tmp")
-    node = VmNode(vm_image, 0, workdir, REPO)
+    workdir = tempfile.mkdtemp(prefix="vm-", dir="/tmp")
+    node = None
     try:
-        node.start()
-        print(f"\nVM node 0 ({node.accel}) ready after {node.boot_seconds:.0f}s")
+        # The first node index no other test session on this machine holds (its own tap and address).
+        for index in range(MAX_CONCURRENT_SESSIONS):
+            node = VmNode(vm_image, index, workdir, REPO)
+            try:
+                node.start()
+                break
+            except IndexInUse:
+                node = None
+        if node is None:
+            pytest.skip(f"VM tier: {MAX_CONCURRENT_SESSIONS} other test sessions run VM nodes on this machine")
+        print(f"\nVM node {node.index} ({node.accel}) ready after {node.boot_seconds:.0f}s")
         yield node
     finally:
-        node.stop()
-        if os.environ.get("KEEP_VM_LOGS"):
-            print(node.diagnostics(400))
+        if node is not None:
+            node.stop()
+            if os.environ.get("KEEP_VM_LOGS"):
+                print(node.diagnostics(400))
         shutil.rmtree(workdir, ignore_errors=True)
 
 

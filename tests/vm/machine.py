@@ -43,6 +43,10 @@ class VmError(RuntimeError):
     """The VM did not boot, died, or did not answer in time."""
 
 
+class IndexInUse(VmError):
+    """Another test session on this machine runs node N (its tap and address)."""
+
+
 def accelerator() -> str:
     """kvm where the CPU has vmx/svm (and /dev/kvm exists), tcg otherwise; CEPHCSI_VM_ACCEL overrides."""
     forced = os.environ.get("CEPHCSI_VM_ACCEL", "").strip().lower()
@@ -207,7 +211,7 @@ class VmNode:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.close()
-            raise VmError(f"VM node {self.index} is in use by another test session on this machine") from None
+            raise IndexInUse(f"VM node {self.index} is in use by another test session on this machine") from None
         self._lock = handle
 
     def _release(self) -> None:

@@ -18,6 +18,7 @@ import subprocess
 BRIDGE = "cephcsivm0"
 NETWORK = ipaddress.IPv4Network("10.247.0.0/24")
 HOST_ADDRESS = "10.247.0.1"
+HOST_ADDRESS_HEX = f"{int.from_bytes(ipaddress.IPv4Address(HOST_ADDRESS).packed, 'little'):08X}"  # /proc/net/tcp's form
 _FLAGS = ("-i", "-o")  # FORWARD rules: in from, and out to, the bridge
 
 
@@ -68,11 +69,23 @@ def remove_tap(index: int) -> None:
         _ip("link", "del", tap_name(index), check=False)
 
 
+def _host_address_in_use() -> bool:
+    """A TCP socket listening on the host address: another session's Ceph cluster (before its VM)."""
+    wanted = HOST_ADDRESS_HEX + ":"
+    try:
+        with open("/proc/net/tcp", encoding="ascii") as handle:
+            rows = [line.split() for line in list(handle)[1:]]
+        return any(row[1].startswith(wanted) and row[3] == "0A" for row in rows)  # 0A: LISTEN
+    except OSError:
+        return False
+
+
 def remove_bridge() -> None:
-    """Remove the bridge and its rules once no tap is left on it."""
+    """Remove the bridge and its rules once nothing uses it: no tap left on it and no socket
+    bound to the host address (a concurrent test session's VM or cluster)."""
     if _exists(BRIDGE):
-        if os.listdir(f"/sys/class/net/{BRIDGE}/brif"):
-            return  # another session's VM still uses it
+        if os.listdir(f"/sys/class/net/{BRIDGE}/brif") or _host_address_in_use():
+            return
         _ip("link", "del", BRIDGE, check=False)
     for flag in _FLAGS:
         rule = ["FORWARD", flag, BRIDGE, "-j", "DROP"]

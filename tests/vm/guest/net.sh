@@ -4,7 +4,7 @@
 # address and hostname come from the kernel command line (cephcsi.ip=, cephcsi.hostname=), so
 # one image serves every node of a test session.
 set -eu
-ip=10.246.0.2/24
+ip=10.247.0.2/24
 name=cephcsi-vm
 for word in $(cat /proc/cmdline); do
   case "$word" in
