@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 
 from cephcsi._generated import csi_pb2
-from cephcsi.ceph.leases import KEEPER
+from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.cli.args import parse_settings
 from cephcsi.cli.wiring import build_controller
 from cephcsi.config.clusters import ClusterRegistry
@@ -30,7 +30,8 @@ class EmbeddedController:
     def __init__(self, config_file: str, driver_args: tuple[str, ...], log_path: Path) -> None:
         settings = parse_settings(["--mode=controller", f"--endpoint=unix://{log_path.parent}/unused.sock",
                                    f"--config-file={config_file}", "--sidecars=none", *driver_args])
-        self.servicer = build_controller(settings, ClusterRegistry(config_file))
+        self.keeper = LeaseKeeper()
+        self.servicer = build_controller(settings, ClusterRegistry(config_file), self.keeper)
         # The driver's log lines, written as its process writes them (a file, not the bench's
         # console): logging is part of what a call costs.
         self._handler = logging.FileHandler(log_path)
@@ -47,7 +48,7 @@ class EmbeddedController:
         self.servicer.DeleteVolume(request, None)
 
     def close(self) -> None:
-        KEEPER.drain(DRAIN_SECONDS)  # lease releases still running behind answers
+        self.keeper.drain(DRAIN_SECONDS)  # lease releases still running behind answers
         self._logger.removeHandler(self._handler)
         self._handler.close()
         self._logger.propagate = True

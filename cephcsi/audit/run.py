@@ -17,6 +17,7 @@ from cephcsi.audit.snapshot_contents import GROUP, VERSION, list_contents
 from cephcsi.ceph import trash
 from cephcsi.ceph.connection import ConnectionCache
 from cephcsi.ceph.credentials import Credentials
+from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.settings import CephSettings
 from cephcsi.volumes.journal import SNAPSHOTS, VOLUMES, Journal
@@ -53,9 +54,10 @@ class AuditOptions:
     ceph: CephSettings = CephSettings()
 
 
-def audit(options: AuditOptions) -> AuditResult:
+def audit(options: AuditOptions, keeper: LeaseKeeper) -> AuditResult:
     """Raises CephCSIError when the cluster or pool cannot be read at all, cephcsi.kube's
-    KubeError when the API server cannot; a repair that fails is part of the result instead."""
+    KubeError when the API server cannot; a repair that fails is part of the result instead.
+    `keeper` holds the repairs' journal leases (cephcsi.cli.audit builds it)."""
     cluster = ClusterRegistry(options.config_file).get(options.cluster_id)
     connections = ConnectionCache(options.ceph)
     try:
@@ -69,11 +71,13 @@ def audit(options: AuditOptions) -> AuditResult:
             if options.repair:
                 context = RepairContext(
                     session=session, io=io, pool=options.pool,
-                    journal=Journal(io, options.instance_id, VOLUMES, lock_seconds=options.journal_lock_seconds),
+                    journal=Journal(io, options.instance_id, VOLUMES, lock_seconds=options.journal_lock_seconds,
+                                    keeper=keeper),
                     snapshot=snapshot, inline=trash.InlinePurges(options.inline_purge_seconds),
                     allow_orphan_images=options.repair_orphan_images,
                     orphan_deferment_seconds=options.orphan_deferment_seconds,
-                    snap_journal=Journal(io, options.instance_id, SNAPSHOTS, lock_seconds=options.journal_lock_seconds),
+                    snap_journal=Journal(io, options.instance_id, SNAPSHOTS,
+                                         lock_seconds=options.journal_lock_seconds, keeper=keeper),
                 )
                 repairs = tuple(repair_all(context, findings))
             scope = Scope(options.cluster_id, options.pool, io.get_namespace(), options.instance_id,

@@ -96,7 +96,11 @@ RELEASE_THREADS = 8
 
 
 class LeaseKeeper:
-    """Renews held leases at a third of their duration; one daemon thread, started lazily."""
+    """Renews held leases at a third of their duration; one daemon thread, started lazily.
+
+    One per process, built by the composition root (cephcsi.cli.wiring's callers, the audit)
+    and handed to everything that makes a `Journal`: holds of the same object must meet in the
+    same keeper (`hold` waits for a release behind an answer), and the process drains it at exit."""
 
     def __init__(self) -> None:
         self._leases: set[Lease] = set()
@@ -234,9 +238,15 @@ class LeaseKeeper:
                 return False
             pending[0].wait(remaining)
 
+    def remove_object(self, io: rados.Ioctx, obj: str) -> None:
+        """`omap.remove_object` for an object a lease of this keeper may be held on (a journal
+        record its holder deletes): see `removing`."""
+        with self.removing(io, obj):
+            omap.remove_object(io, obj)
+
     @contextmanager
     def removing(self, io: rados.Ioctx, obj: str) -> Iterator[None]:
-        """Around the removal of `obj` by its lease holder (omap.remove_object calls this):
+        """Around the removal of `obj` by its lease holder (`remove_object`):
         renewals stop first, waiting out one in flight, so no renewal can land after the removal
         and recreate the object (cls_lock creates what it locks); once the removal succeeded the
         lease needs no unlock. A failed removal leaves `removed` False: the hold unlocks as usual."""
@@ -281,6 +291,3 @@ class LeaseKeeper:
                 lease.expires_at = started + max(1, int(lease.seconds))  # what the OSD was asked for
             lease.renew_at = time.monotonic() + lease.seconds / 3
 
-
-KEEPER = LeaseKeeper()
-omap.set_removal_hook(KEEPER.removing)

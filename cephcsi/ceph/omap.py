@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import errno
 import struct
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Mapping
 
 import rados
 
@@ -23,17 +22,6 @@ LOCK_FLAG_RENEW = 1
 # A write op creates a missing object; comparing a key nobody sets fails with ENOENT on a missing
 # object instead, and passes on any existing one (the bindings have no assert_exists).
 _NEVER_SET = "cephcsi.never-set"
-
-RemovalHook = Callable[[rados.Ioctx, str], AbstractContextManager[None]]
-_removal_hook: RemovalHook = lambda io, obj: nullcontext()  # noqa: E731 - replaced by cephcsi.ceph.leases
-
-
-def set_removal_hook(hook: RemovalHook) -> None:
-    """Wrap every `remove_object` in `hook(io, obj)`: cephcsi.ceph.leases uses it to learn that
-    an object it holds a lease on is being removed (the lock goes with the object)."""
-    global _removal_hook
-    _removal_hook = hook
-
 
 def read(io: rados.Ioctx, obj: str, keys: tuple[str, ...] | None = None) -> dict[str, str] | None:
     """The object's omap (all of it, or just `keys`), or None when the object does not exist."""
@@ -291,8 +279,9 @@ def remove_if_equal(io: rados.Ioctx, obj: str, key: str, expected: str) -> bool:
 
 
 def remove_object(io: rados.Ioctx, obj: str) -> None:
-    """Delete the object; already gone counts as done. A cls_lock on it goes with it."""
-    with _removal_hook(io, obj), ceph_call("remove object", f"object {obj!r}"):
+    """Delete the object; already gone counts as done. A cls_lock on it goes with it: an object
+    this process may hold a lease on is removed through `LeaseKeeper.remove_object` instead."""
+    with ceph_call("remove object", f"object {obj!r}"):
         try:
             io.remove_object(obj)
         except rados.ObjectNotFound:

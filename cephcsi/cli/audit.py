@@ -16,6 +16,7 @@ from typing import NoReturn
 from cephcsi.audit.report import to_json, to_table
 from cephcsi.audit.run import DRIVER_NAME, AuditOptions, audit
 from cephcsi.ceph.credentials import USER_ID_KEY, USER_KEY_KEY, Credentials
+from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.cli.args import _duration, _Parser, _positive
 from cephcsi.errors import CephCSIError, InvalidArgument
 from cephcsi.kube.errors import KubeError
@@ -26,6 +27,8 @@ from cephcsi.volumes.snapshots import DEFAULT_PREFIX as DEFAULT_SNAPSHOT_PREFIX
 
 KEY_ENV = "CEPHCSI_AUDIT_KEY"
 USAGE_ERROR = 2
+DRAIN_SECONDS = 10.0
+"""Longest wait at exit for journal lease releases still running behind a repair."""
 
 
 class _AuditParser(_Parser):
@@ -122,10 +125,13 @@ def main(argv: Sequence[str]) -> int:
         # One prefix for both would make every image both journals' to judge.
         parser.error("--snapshot-name-prefix must be non-empty and differ from --volume-name-prefix")
     cephcsi_logging.configure(a.log_level)
+    keeper = LeaseKeeper()  # the repairs' journal leases
     try:
-        result = audit(options_from(a))
+        result = audit(options_from(a), keeper)
     except (CephCSIError, KubeError) as error:
         sys.stderr.write(f"cephcsi audit: error: {error}\n")
         return USAGE_ERROR
+    finally:
+        keeper.drain(DRAIN_SECONDS)
     sys.stdout.write(to_json(result) + "\n" if a.json else to_table(result))
     return 0 if result.clean else 1

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 
 from cephcsi import __version__
-from cephcsi.ceph.leases import KEEPER
+from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.cli.args import fail, parse_settings
 from cephcsi.cli.wiring import build_services, start_sidecars
 from cephcsi.config.clusters import ClusterRegistry
@@ -44,7 +44,8 @@ class Lifetime:
 
 def run(settings: Settings) -> int:
     clusters = ClusterRegistry(settings.config_file)
-    services = build_services(settings, clusters)
+    keeper = LeaseKeeper()
+    services = build_services(settings, clusters, keeper)
     if services.node is not None:
         from cephcsi.node.mappers.select import resolve_at_start
 
@@ -86,7 +87,7 @@ def run(settings: Settings) -> int:
         server.stop(settings.shutdown_grace)
     # Journal leases released behind answers (CreateVolume): left alone they lapse, but only
     # after --journal-lock-timeout, and the next leader's calls on those volumes would wait.
-    if not KEEPER.drain(settings.shutdown_grace):
+    if not keeper.drain(settings.shutdown_grace):
         log.warning("journal lease releases still running at exit; those leases lapse on their own")
     if services.node is not None:
         services.node.service.loop_follower.stop()

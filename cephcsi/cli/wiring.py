@@ -16,6 +16,7 @@ import grpc
 from cephcsi._generated import csi_pb2_grpc
 from cephcsi.ceph import verified
 from cephcsi.ceph.connection import ConnectionCache
+from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.csi.controller import ControllerServicer
 from cephcsi.csi.identity import IdentityOptions, IdentityServicer
@@ -36,7 +37,8 @@ Register = Callable[[grpc.Server], None]
 RequestExit = Callable[[int, str], None]
 
 
-def build_controller(settings: Settings, clusters: ClusterRegistry) -> ControllerServicer:
+def build_controller(settings: Settings, clusters: ClusterRegistry, keeper: LeaseKeeper) -> ControllerServicer:
+    """`keeper`: the process's journal lease keeper; its owner drains it at exit."""
     snap = settings.snapshots
     policy = FlattenPolicy(snap.soft_max_clone_depth, snap.hard_max_clone_depth,
                            snap.min_snapshots_on_image, snap.max_snapshots_on_image)
@@ -46,7 +48,8 @@ def build_controller(settings: Settings, clusters: ClusterRegistry) -> Controlle
         settings.instance_id,
         journal_lock_seconds=settings.ceph.journal_lock_seconds,
         inline_purge_seconds=settings.ceph.inline_purge_seconds,
-        cloner=Cloner(policy, settings.instance_id, settings.ceph.journal_lock_seconds),
+        cloner=Cloner(policy, settings.instance_id, settings.ceph.journal_lock_seconds, keeper),
+        keeper=keeper,
     )
     return ControllerServicer(manager, settings.driver_name, settings.slow_call_seconds,
                               snapshots=SnapshotManager(manager, policy))
@@ -76,8 +79,9 @@ def build_node(settings: Settings, clusters: ClusterRegistry) -> NodeServicer:
     return NodeServicer(build_node_service(config), clusters, settings)
 
 
-def build_services(settings: Settings, clusters: ClusterRegistry) -> Services:
-    """The servicers of this process's mode and the servers (sockets) that serve them."""
+def build_services(settings: Settings, clusters: ClusterRegistry, keeper: LeaseKeeper) -> Services:
+    """The servicers of this process's mode and the servers (sockets) that serve them; `keeper`
+    holds the controller's journal leases (the caller drains it at exit)."""
     identity = IdentityServicer(
         IdentityOptions(
             driver_name=settings.driver_name,
@@ -91,7 +95,7 @@ def build_services(settings: Settings, clusters: ClusterRegistry) -> Services:
     controller: ControllerServicer | None = None
     node: NodeServicer | None = None
     if settings.serves_controller:
-        controller = build_controller(settings, clusters)
+        controller = build_controller(settings, clusters, keeper)
         register: Register = lambda s: csi_pb2_grpc.add_ControllerServicer_to_server(controller, s)  # noqa: E731
         (controller_side if settings.controller_endpoint else main).append(register)
     if settings.serves_node:

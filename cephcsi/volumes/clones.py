@@ -24,6 +24,7 @@ import rbd
 
 from cephcsi.ceph import image_metadata, images, layering
 from cephcsi.ceph.connection import Session
+from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import AlreadyExists, Internal, InvalidArgument, NotFound, OperationInFlight, OutOfRange
 from cephcsi.observability.logging import fields
@@ -84,8 +85,10 @@ def target_size(request: CreateRequest, source_size: int) -> int:
 
 
 class Cloner:
-    def __init__(self, policy: flatten.FlattenPolicy, instance_id: str, lock_seconds: float) -> None:
+    def __init__(self, policy: flatten.FlattenPolicy, instance_id: str, lock_seconds: float,
+                 keeper: LeaseKeeper) -> None:
         self.policy = policy
+        self.keeper = keeper
         self.instance_id = instance_id
         self.lock_seconds = lock_seconds
 
@@ -134,7 +137,7 @@ class Cloner:
         if layering.finished_clone(session, io, record.image_name):
             return
         layering.remove_debris(io, record.image_name)
-        journal = sources.volume_journal(io, self.instance_id, self.lock_seconds)
+        journal = sources.volume_journal(io, self.instance_id, self.lock_seconds, self.keeper)
         journal.release_name(record.name, record.uuid)
         journal.remove_record(record.uuid)
 
@@ -144,7 +147,7 @@ class Cloner:
         return images.feature_mask(request.parameters.features) | rbd.RBD_FEATURE_LAYERING
 
     def _snapshot_parent(self, session: Session, io: rados.Ioctx, pool: str, entry_id: VolumeId) -> Parent:
-        journal = sources.snapshot_journal(io, self.instance_id, self.lock_seconds, session)
+        journal = sources.snapshot_journal(io, self.instance_id, self.lock_seconds, self.keeper, session)
         entry = sources.read_entry(io, pool, entry_id, journal, "source snapshot")
         name = entry.record.image_name
         size_text = entry.record.get(sources.FINISHED_SIZE)
@@ -169,7 +172,7 @@ class Cloner:
                       io: rados.Ioctx, request: CreateRequest, record: Record) -> tuple[int, int]:
         """Clone the source volume at a temporary snapshot, under its lease; (the target size, the
         size cloned: the source's now)."""
-        journal = sources.volume_journal(source_io, self.instance_id, self.lock_seconds, session)
+        journal = sources.volume_journal(source_io, self.instance_id, self.lock_seconds, self.keeper, session)
         temp = f"{layering.TEMP_SNAP_PREFIX}{record.uuid}"
         with sources.hold_source(journal, entry_id.object_uuid) as source_record, \
                 ceph_call("clone source volume", f"image {source_record.image_name!r}"), \
@@ -193,7 +196,7 @@ class Cloner:
         try:
             entry_id = sources.decode(source.source_id, "source volume")
             with sources.opened(session, entry_id, "source volume") as (_, source_io):
-                journal = sources.volume_journal(source_io, self.instance_id, self.lock_seconds, session)
+                journal = sources.volume_journal(source_io, self.instance_id, self.lock_seconds, self.keeper, session)
                 with sources.hold_source(journal, entry_id.object_uuid) as source_record, \
                         ceph_call("remove temporary snapshot", f"image {source_record.image_name!r}"):
                     try:

@@ -105,7 +105,8 @@ def expand(volumes: VolumeManager, request: ExpandRequest) -> Expanded:
         if pool is None:
             raise NotFound(f"volume {request.volume_id!r} does not exist (its pool is gone)")
         with session.ioctx(pool) as io:
-            journal = Journal(io, volumes.instance_id, VOLUMES, lock_seconds=volumes.journal_lock_seconds)
+            journal = Journal(io, volumes.instance_id, VOLUMES, lock_seconds=volumes.journal_lock_seconds,
+                              keeper=volumes.keeper)
             uuid = volume_id.object_uuid
             try:
                 # The lease only if the record object exists (else cls_lock would create one for

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import rados
 
 from cephcsi.ceph import image_metadata, images, omap
-from cephcsi.ceph.leases import KEEPER, Fill, Lease
+from cephcsi.ceph.leases import Fill, Lease, LeaseKeeper
 from cephcsi.errors import Internal, OperationInFlight
 from cephcsi.volumes import failpoints
 
@@ -193,8 +193,11 @@ class Hold:
 class Journal:
     """Journal operations within one pool (and rados namespace) for one driver instance."""
 
-    def __init__(self, io: rados.Ioctx, instance_id: str, kind: JournalKind = VOLUMES, lock_seconds: float = 10.0) -> None:
+    def __init__(self, io: rados.Ioctx, instance_id: str, kind: JournalKind = VOLUMES, lock_seconds: float = 10.0,
+                 *, keeper: LeaseKeeper) -> None:
         self.io = io
+        self.keeper = keeper
+        """The process's lease keeper (built by the composition root): renews this journal's holds."""
         self.kind = kind
         self.instance_id = instance_id
         self.directory = f"{kind.directory_prefix}{instance_id}"
@@ -215,7 +218,7 @@ class Journal:
         fill = None
         if claim is not None:
             fill = Fill(self.kind.name_field, self._record_values(claim))
-        with KEEPER.hold(self.io, obj, LOCK_NAME, self.lock_seconds, fill, read=read, existing=existing) as lease:
+        with self.keeper.hold(self.io, obj, LOCK_NAME, self.lock_seconds, fill, read=read, existing=existing) as lease:
             if lease is None:
                 raise OperationInFlight(
                     f"another operation on journal entry {obj} is in progress (in this or another driver process, "
@@ -350,4 +353,4 @@ class Journal:
         omap.remove_if_equal(self.io, self.directory, self._name_key(name), uuid)
 
     def remove_record(self, uuid: str) -> None:
-        omap.remove_object(self.io, self._record_object(uuid))
+        self.keeper.remove_object(self.io, self._record_object(uuid))

@@ -17,6 +17,7 @@ import rados
 from cephcsi.ceph import image_create, image_metadata, images, imagestate, omap, trash, trash_move
 from cephcsi.ceph.connection import ConnectionCache, Session
 from cephcsi.ceph.credentials import Credentials
+from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal, NotFound, OperationInFlight
 from cephcsi.locks import KeyLocks
@@ -72,8 +73,12 @@ class VolumeManager:
         journal_lock_seconds: float = 10.0,
         inline_purge_seconds: float = 20.0,
         cloner: clones.Cloner | None = None,
+        *,
+        keeper: LeaseKeeper,
     ) -> None:
         self.clusters = clusters
+        self.keeper = keeper
+        """The process's journal lease keeper (cephcsi.cli.wiring builds it)."""
         self.connections = connections
         self.instance_id = instance_id
         self.journal_lock_seconds = journal_lock_seconds
@@ -84,7 +89,7 @@ class VolumeManager:
         """None when snapshots and clones are not enabled."""
 
     def _journal(self, io: rados.Ioctx) -> Journal:
-        return Journal(io, self.instance_id, VOLUMES, lock_seconds=self.journal_lock_seconds)
+        return Journal(io, self.instance_id, VOLUMES, lock_seconds=self.journal_lock_seconds, keeper=self.keeper)
 
     def create(self, request: CreateRequest) -> Volume:
         params = request.parameters
@@ -301,7 +306,8 @@ class VolumeManager:
         SnapshotManager); the journal pool's is made the same way."""
         record = split.record
         with session.ioctx(split.journal_pool, io.get_namespace()) as journal_io:
-            names = Journal(journal_io, journal.instance_id, journal.kind, lock_seconds=journal.lock_seconds)
+            names = Journal(journal_io, journal.instance_id, journal.kind, lock_seconds=journal.lock_seconds,
+                            keeper=journal.keeper)
             values = names if split.record_in_journal_pool else journal
             hold.ensure_held()
             self._remove_image(session, io, pool, values, record)

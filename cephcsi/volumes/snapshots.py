@@ -97,8 +97,8 @@ class SnapshotManager:
     def _journals(self, io: rados.Ioctx, session: Session) -> tuple[Journal, Journal]:
         """(volume journal, reading source volumes wherever their record is; snapshot journal) of one pool."""
         v = self.volumes
-        return (sources.volume_journal(io, v.instance_id, v.journal_lock_seconds, session),
-                sources.snapshot_journal(io, v.instance_id, v.journal_lock_seconds))
+        return (sources.volume_journal(io, v.instance_id, v.journal_lock_seconds, v.keeper, session),
+                sources.snapshot_journal(io, v.instance_id, v.journal_lock_seconds, v.keeper))
 
     # ---- CreateSnapshot -------------------------------------------------------------------------
 
@@ -320,7 +320,7 @@ class SnapshotManager:
         """A finished snapshot by uuid (None if absent or still being cut), `pool` being the one
         its id names: its image's, also when ceph-csi journaled it in another (split_journal)."""
         v = self.volumes
-        snapshots = sources.snapshot_journal(io, v.instance_id, v.journal_lock_seconds, session)
+        snapshots = sources.snapshot_journal(io, v.instance_id, v.journal_lock_seconds, v.keeper, session)
         try:
             record = snapshots.read(uuid)  # wherever ceph-csi journaled it
         except CephCSIError as error:

@@ -21,6 +21,7 @@ import rbd
 
 from cephcsi.ceph import layering
 from cephcsi.ceph.connection import Session
+from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.errors import NotFound, OperationInFlight
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import split_journal
@@ -74,12 +75,13 @@ def read_entry(io: rados.Ioctx, pool: str, entry_id: VolumeId, journal: Journal,
     return Entry(entry_id, pool, record)
 
 
-def volume_journal(io: rados.Ioctx, instance_id: str, lock_seconds: float, session: Session | None = None) -> Journal:
+def volume_journal(io: rados.Ioctx, instance_id: str, lock_seconds: float, keeper: LeaseKeeper,
+                   session: Session | None = None) -> Journal:
     """The volume journal of `io`'s pool; given the session, one that reads source volumes the
     way their snapshots and clones need them (`SourceJournal`)."""
     if session is None:
-        return Journal(io, instance_id, VOLUMES, lock_seconds=lock_seconds)
-    return SourceJournal(io, instance_id, lock_seconds, session)
+        return Journal(io, instance_id, VOLUMES, lock_seconds=lock_seconds, keeper=keeper)
+    return SourceJournal(io, instance_id, lock_seconds, keeper, session)
 
 
 class SourceJournal(Journal):
@@ -89,9 +91,9 @@ class SourceJournal(Journal):
     this pool's object. Reads find the record wherever it is; everything else is the plain
     journal of this pool."""
 
-    def __init__(self, io: rados.Ioctx, instance_id: str, lock_seconds: float, session: Session,
-                 kind: JournalKind = VOLUMES) -> None:
-        super().__init__(io, instance_id, kind, lock_seconds=lock_seconds)
+    def __init__(self, io: rados.Ioctx, instance_id: str, lock_seconds: float, keeper: LeaseKeeper,
+                 session: Session, kind: JournalKind = VOLUMES) -> None:
+        super().__init__(io, instance_id, kind, lock_seconds=lock_seconds, keeper=keeper)
         self.session = session
 
     def read(self, uuid: str) -> Record | None:
@@ -102,12 +104,13 @@ class SourceJournal(Journal):
         return split.record if split is not None else record
 
 
-def snapshot_journal(io: rados.Ioctx, instance_id: str, lock_seconds: float, session: Session | None = None) -> Journal:
+def snapshot_journal(io: rados.Ioctx, instance_id: str, lock_seconds: float, keeper: LeaseKeeper,
+                     session: Session | None = None) -> Journal:
     """The snapshot journal of `io`'s pool; given the session, one that reads a source snapshot
     wherever ceph-csi journaled it (`SourceJournal`)."""
     if session is None:
-        return Journal(io, instance_id, SNAPSHOTS, lock_seconds=lock_seconds)
-    return SourceJournal(io, instance_id, lock_seconds, session, SNAPSHOTS)
+        return Journal(io, instance_id, SNAPSHOTS, lock_seconds=lock_seconds, keeper=keeper)
+    return SourceJournal(io, instance_id, lock_seconds, keeper, session, SNAPSHOTS)
 
 
 @contextmanager

@@ -4,6 +4,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from cephcsi.ceph.leases import LeaseKeeper
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.driver import DriverProcess
 
@@ -39,3 +40,12 @@ def fresh_driver(config_file: str) -> Iterator[Callable[..., DriverProcess]]:
     yield make
     for process in started:
         process.cleanup()
+
+
+@pytest.fixture
+def keeper() -> Iterator[LeaseKeeper]:
+    """The journal lease keeper of a VolumeManager a test builds in its own process (the
+    driver's composition root builds one per process); releases behind answers are drained."""
+    made = LeaseKeeper()
+    yield made
+    made.drain(10)

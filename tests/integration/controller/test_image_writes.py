@@ -18,6 +18,7 @@ from cephcsi._generated import csi_pb2
 from cephcsi.ceph import encoding, image_create
 from cephcsi.ceph.connection import ConnectionCache
 from cephcsi.ceph.credentials import Credentials
+from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.settings import CephSettings
 from cephcsi.volumes.journal import PLANNED_IMAGE_ID
@@ -103,7 +104,7 @@ def test_a_delete_after_a_killed_create_leaves_nothing(
 
 
 def test_a_planned_id_found_taken_is_replaced(
-    monkeypatch: pytest.MonkeyPatch, ceph_cluster: CephTestCluster, config_file: str
+    monkeypatch: pytest.MonkeyPatch, ceph_cluster: CephTestCluster, config_file: str, keeper: LeaseKeeper
 ) -> None:
     """The id the record plans belongs to another image (ids are random: unlikely, not
     impossible): that image is left as it was, and the volume gets a new id, journaled."""
@@ -117,7 +118,7 @@ def test_a_planned_id_found_taken_is_replaced(
     ids = iter([taken])
     fresh_id = image_create.new_image_id
     monkeypatch.setattr(image_create, "new_image_id", lambda: next(ids, None) or fresh_id())
-    manager = VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings()), "default")
+    manager = VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings()), "default", keeper=keeper)
     request = create_request(ceph_cluster)
     volume = manager.create(CreateRequest(
         name=request.name, parameters=VolumeParameters.parse(dict(request.parameters)),
@@ -143,9 +144,9 @@ def test_a_planned_id_found_taken_is_replaced(
     wait_for_pool(ceph_cluster, baseline)
 
 
-def _created_order(ceph_cluster: CephTestCluster, config_file: str) -> int:
+def _created_order(ceph_cluster: CephTestCluster, config_file: str, keeper: LeaseKeeper) -> int:
     """The order of an image a fresh controller (new connections) makes in the test pool."""
-    manager = VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings()), "default")
+    manager = VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings()), "default", keeper=keeper)
     request = create_request(ceph_cluster)
     try:
         volume = manager.create(CreateRequest(
@@ -160,17 +161,18 @@ def _created_order(ceph_cluster: CephTestCluster, config_file: str) -> int:
         manager.connections.close_all()
 
 
-def test_a_pool_override_of_the_image_layout_is_honoured(ceph_cluster: CephTestCluster, config_file: str) -> None:
+def test_a_pool_override_of_the_image_layout_is_honoured(ceph_cluster: CephTestCluster, config_file: str,
+                                                        keeper: LeaseKeeper) -> None:
     """`rbd config pool set <pool> rbd_default_order 23`: librbd would give new images 8 MiB
     objects, so the driver leaves such creates to librbd instead of writing 4 MiB ones."""
     baseline = read_pool(ceph_cluster)
-    assert _created_order(ceph_cluster, config_file) == 22
+    assert _created_order(ceph_cluster, config_file, keeper) == 22
     with admin_ioctx(ceph_cluster) as io:
         rbd.RBD().config_set(io, "rbd_default_order", "23")
     try:
-        assert _created_order(ceph_cluster, config_file) == 23
+        assert _created_order(ceph_cluster, config_file, keeper) == 23
     finally:
         with admin_ioctx(ceph_cluster) as io:
             rbd.RBD().config_remove(io, "rbd_default_order")
-    assert _created_order(ceph_cluster, config_file) == 22
+    assert _created_order(ceph_cluster, config_file, keeper) == 22
     wait_for_pool(ceph_cluster, baseline)

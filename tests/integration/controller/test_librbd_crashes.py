@@ -24,6 +24,7 @@ from cephcsi.ceph.imagestate import ImageState, TrashState
 from tests.ceph.fixtures import CephTestCluster
 from cephcsi.ceph.connection import ConnectionCache
 from cephcsi.ceph.credentials import Credentials
+from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.settings import CephSettings
 from cephcsi.volumes.manager import VolumeManager
@@ -328,7 +329,7 @@ def test_create_and_delete_of_one_name_exclude_each_other_across_processes(
 
 
 def test_find_releases_a_name_whose_create_died_before_the_record(
-    fresh_driver: Callable[..., DriverProcess], ceph_cluster: CephTestCluster
+    fresh_driver: Callable[..., DriverProcess], ceph_cluster: CephTestCluster, keeper: LeaseKeeper
 ) -> None:
     """A claim deleted mid-provisioning is cleaned up through find → DeleteVolume; a name
     reserved by a create killed before its record was written used to stay forever."""
@@ -338,7 +339,7 @@ def test_find_releases_a_name_whose_create_died_before_the_record(
     with pytest.raises(grpc.RpcError):
         crashing.controller.CreateVolume(request, timeout=60)
     assert read_pool(ceph_cluster) != baseline  # the reserved name key
-    manager = _manager(crashing.config_file)
+    manager = _manager(crashing.config_file, keeper)
     params = VolumeParameters.parse(dict(request.parameters))
     credentials = Credentials.from_secrets(ceph_cluster.secrets)
     found = until_ok(lambda: manager.find(request.name, params, credentials))
@@ -347,7 +348,7 @@ def test_find_releases_a_name_whose_create_died_before_the_record(
 
 
 def test_create_never_returns_a_volume_whose_name_a_concurrent_find_released(
-    fresh_driver: Callable[..., DriverProcess], ceph_cluster: CephTestCluster
+    fresh_driver: Callable[..., DriverProcess], ceph_cluster: CephTestCluster, keeper: LeaseKeeper
 ) -> None:
     """A create pauses between reserving the name and locking the record; meanwhile another
     process's find() (the provisioner cleaning up a claim deleted mid-provisioning) sees a name
@@ -360,7 +361,7 @@ def test_create_never_returns_a_volume_whose_name_a_concurrent_find_released(
     creating = _Creating(creator, request)
     reserved = _reserved_uuid(ceph_cluster, request.name)
     assert journal_entries(ceph_cluster, request.name)[1] == {}, "the create must still be paused before its record"
-    found = until_ok(lambda: _manager(creator.config_file).find(
+    found = until_ok(lambda: _manager(creator.config_file, keeper).find(
         request.name, VolumeParameters.parse(dict(request.parameters)), Credentials.from_secrets(ceph_cluster.secrets)))
     assert found is None  # released: to find(), a name without a record is a dead create's
     volume = creating.result()
@@ -374,7 +375,7 @@ def test_create_never_returns_a_volume_whose_name_a_concurrent_find_released(
 
 
 def test_a_create_that_skips_its_name_recheck_never_loses_its_name_to_a_concurrent_find(
-    fresh_driver: Callable[..., DriverProcess], ceph_cluster: CephTestCluster
+    fresh_driver: Callable[..., DriverProcess], ceph_cluster: CephTestCluster, keeper: LeaseKeeper
 ) -> None:
     """The same race inside RESERVATION_WINDOW: a create that takes its record's lease within
     the window of its reservation does not read its name again (cephcsi.volumes.journal
@@ -383,7 +384,7 @@ def test_a_create_that_skips_its_name_recheck_never_loses_its_name_to_a_concurre
     create answered with, and find() never reports a volume other than that one."""
     baseline = read_pool(ceph_cluster)
     creator = fresh_driver({"CEPHCSI_FAILPOINTS": "create.after-reserve:pause=0.3"})
-    finder = _manager(creator.config_file)
+    finder = _manager(creator.config_file, keeper)
     parameters = VolumeParameters.parse(dict(create_request(ceph_cluster).parameters))
     credentials = Credentials.from_secrets(ceph_cluster.secrets)
     assert finder.find("warm-up-the-connection", parameters, credentials) is None
@@ -432,5 +433,6 @@ def _reserved_uuid(cluster: CephTestCluster, name: str, timeout: float = 30) -> 
     return uuid
 
 
-def _manager(config_file: str) -> VolumeManager:
-    return VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings()), "default", journal_lock_seconds=2)
+def _manager(config_file: str, keeper: LeaseKeeper) -> VolumeManager:
+    return VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings()), "default", journal_lock_seconds=2,
+                         keeper=keeper)

@@ -14,6 +14,7 @@ import rbd
 from cephcsi.ceph import encoding, imagestate, omap, trash_move, verified
 from cephcsi.ceph.connection import ConnectionCache
 from cephcsi.ceph.imagestate import TrashState
+from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.settings import CephSettings
@@ -30,8 +31,8 @@ SHAPES = [frozenset(kept) for n in range(3) for kept in itertools.combinations(N
 
 
 @pytest.fixture
-def manager(config_file: str) -> Iterator[VolumeManager]:
-    made = VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings()), "default")
+def manager(config_file: str, keeper: LeaseKeeper) -> Iterator[VolumeManager]:
+    made = VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings()), "default", keeper=keeper)
     yield made
     made.connections.close_all()
 
@@ -121,9 +122,9 @@ def _unlist(cluster: CephTestCluster, name: str, image_id: str) -> None:
 
 
 @pytest.fixture
-def by_librbd(config_file: str) -> Iterator[VolumeManager]:
+def by_librbd(config_file: str, keeper: LeaseKeeper) -> Iterator[VolumeManager]:
     made = VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings(), hand_writes=verified.Mode.NEVER),
-                         "default")
+                         "default", keeper=keeper)
     yield made
     made.connections.close_all()
 
@@ -149,11 +150,12 @@ def test_a_retried_create_lists_the_image_a_killed_create_left_unlisted(
 
 @pytest.mark.parametrize("mode", [verified.Mode.AUTO, verified.Mode.NEVER])
 def test_a_delete_lists_then_removes_an_image_a_killed_create_left_unlisted(
-    mode: verified.Mode, config_file: str, ceph_cluster: CephTestCluster
+    mode: verified.Mode, config_file: str, ceph_cluster: CephTestCluster, keeper: LeaseKeeper
 ) -> None:
     """librbd's own trash move refuses a name the directory lacks (ENOENT: the delete would
     never finish); the delete adds the entry first."""
-    manager = VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings(), hand_writes=mode), "default")
+    manager = VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings(), hand_writes=mode), "default",
+                            keeper=keeper)
     try:
         baseline = read_pool(ceph_cluster)
         volume, image_id, request_name = _create(manager, ceph_cluster)
@@ -178,7 +180,7 @@ def test_the_flag_never_leaves_create_and_move_to_librbd(
 
 
 def test_an_unverified_cluster_release_leaves_create_and_move_to_librbd(
-    config_file: str, ceph_cluster: CephTestCluster, monkeypatch: pytest.MonkeyPatch
+    config_file: str, ceph_cluster: CephTestCluster, monkeypatch: pytest.MonkeyPatch, keeper: LeaseKeeper
 ) -> None:
     """The gate reads the cluster's require_osd_release (as the csi user) and the client's
     librbd: with this cluster's release taken off the list, librbd does everything."""
@@ -186,7 +188,7 @@ def test_an_unverified_cluster_release_leaves_create_and_move_to_librbd(
     monkeypatch.setattr(verified, "VERIFIED", tuple(row for row in verified.VERIFIED if row.name != _release(ceph_cluster)))
     moves = _trash_moves_by_librbd(monkeypatch)
     creates = _creates_by_librbd(monkeypatch)
-    manager = VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings()), "default")
+    manager = VolumeManager(ClusterRegistry(config_file), ConnectionCache(CephSettings()), "default", keeper=keeper)
     try:
         volume, _, _ = _create(manager, ceph_cluster)
         manager.delete(volume.volume_id.encode(), dict(ceph_cluster.secrets))

@@ -11,7 +11,7 @@ import rados
 
 from cephcsi import errors
 from cephcsi.ceph import omap
-from cephcsi.ceph.leases import KEEPER, LeaseKeeper
+from cephcsi.ceph.leases import LeaseKeeper
 
 pytestmark = pytest.mark.unit
 
@@ -49,26 +49,31 @@ class FakeIoctx:
             raise rados.TimedOut("remove timed out")
 
 
-def test_removing_the_leased_object_skips_the_unlock() -> None:
+@pytest.fixture
+def keeper() -> LeaseKeeper:
+    return LeaseKeeper()
+
+
+def test_removing_the_leased_object_skips_the_unlock(keeper: LeaseKeeper) -> None:
     io = FakeIoctx()
-    with KEEPER.hold(io, "csi.volume.a", "cephcsi.journal", 10) as held:  # type: ignore[arg-type]
+    with keeper.hold(io, "csi.volume.a", "cephcsi.journal", 10) as held:  # type: ignore[arg-type]
         assert held
-        omap.remove_object(io, "csi.volume.a")  # type: ignore[arg-type]
+        keeper.remove_object(io, "csi.volume.a")  # type: ignore[arg-type]
     assert io.calls == [("lock", "csi.volume.a"), ("remove", "csi.volume.a")]
 
 
-def test_a_lease_on_an_object_not_removed_is_unlocked() -> None:
+def test_a_lease_on_an_object_not_removed_is_unlocked(keeper: LeaseKeeper) -> None:
     io = FakeIoctx()
-    with KEEPER.hold(io, "csi.volume.b", "cephcsi.journal", 10):  # type: ignore[arg-type]
-        omap.remove_object(io, "csi.volume.other")  # type: ignore[arg-type]
+    with keeper.hold(io, "csi.volume.b", "cephcsi.journal", 10):  # type: ignore[arg-type]
+        keeper.remove_object(io, "csi.volume.other")  # type: ignore[arg-type]
     assert io.calls[-1] == ("unlock", "csi.volume.b")
 
 
-def test_a_failed_removal_still_unlocks() -> None:
+def test_a_failed_removal_still_unlocks(keeper: LeaseKeeper) -> None:
     io = FakeIoctx(fail_remove=True)
     with pytest.raises(Exception):
-        with KEEPER.hold(io, "csi.volume.c", "cephcsi.journal", 10):  # type: ignore[arg-type]
-            omap.remove_object(io, "csi.volume.c")  # type: ignore[arg-type]
+        with keeper.hold(io, "csi.volume.c", "cephcsi.journal", 10):  # type: ignore[arg-type]
+            keeper.remove_object(io, "csi.volume.c")  # type: ignore[arg-type]
     assert io.calls[-1] == ("unlock", "csi.volume.c")
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.sidecars.provisioner.delete import VolumeWorker
 from cephcsi.sidecars.provisioner.static import REASON, is_static_pv
 from cephcsi.volumes.manager import VolumeManager
@@ -68,5 +69,6 @@ class _NoCeph:
 
 
 def test_delete_volume_of_a_bare_image_name_is_a_no_op() -> None:
-    manager = VolumeManager(clusters=None, connections=_NoCeph(), instance_id="default")  # type: ignore[arg-type]
+    manager = VolumeManager(clusters=None, connections=_NoCeph(), instance_id="default",  # type: ignore[arg-type]
+                            keeper=LeaseKeeper())
     manager.delete("static-image", {})  # no secrets needed, nothing touched
