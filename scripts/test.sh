@@ -4,7 +4,8 @@
 #
 # Without arguments it runs the whole suite against the host's Ceph (Pacific), then one session
 # per newer release in CEPHCSI_TEST_RELEASES (default "reef tentacle-legacy"; "" runs none): the
-# Ceph-facing suites (tests/integration/ceph_ops and tests/integration/controller) against a
+# Ceph-facing suites (tests/integration/ceph_ops, tests/integration/controller, and tests/ceph:
+# the cluster is the release asked for) against a
 # cluster of that release (tests/ceph/releases.sh roots, `--ceph-release`), still with the host's
 # client. The exit status is the first failing session's.
 #
@@ -17,7 +18,7 @@ if (($#)); then
   exec .venv/bin/python -m pytest "$@"
 fi
 
-RELEASE_SUITES=(tests/integration/ceph_ops tests/integration/controller)
+RELEASE_SUITES=(tests/ceph tests/integration/ceph_ops tests/integration/controller)
 # The release sessions must stay within ~20 minutes on CI's 2 cores: Reef runs both suites whole
 # (~15 min on 2 busy cores); Tentacle-legacy leaves out the two longest crash searches, which
 # time kills inside the client's librbd (the host's Pacific one in every session, so the same
