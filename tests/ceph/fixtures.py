@@ -63,7 +63,8 @@ class CephTestCluster:
     key_type: str = "aes"
     """aes (`AQ...`) or aes256k (`Ag...`): the type of the admin and csi keys."""
     root: str = ""
-    """The release root the daemons and the admin CLI run in ("" for the host's packages)."""
+    """The release root the daemons and the admin CLI run in ("" for the host's packages, "/" when
+    the tests themselves run inside that root: tests/ceph/in_root.sh)."""
 
     @property
     def session_name(self) -> str:
