@@ -13,6 +13,7 @@ from bench.sections import (
     kube_failover,
     kube_provisioning,
     node_ops,
+    node_vm,
     resources,
     snapshots,
 )
@@ -21,6 +22,7 @@ from bench.sections.base import Section
 SECTIONS: tuple[Section, ...] = (
     controller_ops.SECTION,
     node_ops.SECTION,
+    node_vm.SECTION,
     resources.SECTION,
     go_sidecars.SECTION,
     kube_provisioning.SECTION,
