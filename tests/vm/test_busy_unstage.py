@@ -76,7 +76,7 @@ def test_unstage_of_a_block_device_held_open_is_refused_and_retried(vm_env: VmEn
     holder = _hold(vm_env, f"exec sleep 600 <{shlex.quote(device)}", "holder-open", "fd/0", device)
     try:
         message = expect_code(grpc.StatusCode.FAILED_PRECONDITION, volume.unstage, staging)
-        assert "busy" in message, message
+        assert "busy" in message and "then retry" in message and device in message, message
         assert volume.image in vm_env.mapped("krbd"), "the device was unmapped under its opener"
         assert vm_env.vm.run(f"test -e {shlex.quote(staging)}/cephcsi-stage.json").ok, "the stage record went"
         # Usable: a stage (as the kubelet does before a publish) restores whatever unstage undid.

@@ -86,7 +86,8 @@ TABLE: tuple[Rule, ...] = (
          phrases=("error opening image", "does not exist", "image not found")),
     Rule(PermissionDenied, "{what}: Ceph refused the credentials or their caps: {message}", errnos=frozenset({1, 13})),
     Rule(Unavailable, "{what}: Ceph is unreachable: {message}", errnos=frozenset({110, 111, 113})),
-    Rule(FailedPrecondition, "{what}: the device is busy (still mounted or open): {message}", errnos=frozenset({16})),
+    Rule(FailedPrecondition, "{what}: the device is busy (still mounted, or open in a process on this node); "
+         "stop what holds it (`fuser -vm` on the device names it), then retry: {message}", errnos=frozenset({16})),
     Rule(Internal, "{message}"),
 )
 """A failed `rbd device map/unmap` by the errnos ("(2) No such file…") and phrases of its output (`said`)."""
