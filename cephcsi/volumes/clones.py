@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import rados
 import rbd
 
-from cephcsi.ceph import image_metadata, images, layering
+from cephcsi.ceph import image_access, image_metadata, images, layering
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.ceph.errors import ceph_call
@@ -155,16 +155,15 @@ class Cloner:
             # A finished snapshot (its restore point exists; a snapshot image is never resized).
             # If the restore point was removed by hand since, the clone fails NOT_FOUND.
             return Parent(io, name, name, int(size_text), entry.record.image_id)
+
+        def read(image: rbd.Image) -> tuple[layering.SnapInfo | None, int, str]:
+            return layering.user_snap(image, name), int(image.size()), str(image.id())
+
         with ceph_call("open snapshot image", f"image {name!r}"):
-            try:
-                with rbd.Image(io, name, read_only=True) as image:
-                    point = layering.user_snap(image, name)
-                    size = int(image.size())
-                    image_id = str(image.id())
-            except rbd.ImageNotFound:
-                point = None
-        if point is None:
+            found = image_access.if_exists(io, read, name, read_only=True)
+        if found is None or found[0] is None:
             raise OperationInFlight(f"snapshot {entry_id.encode()!r} is still being created; retry")
+        _, size, image_id = found
         # The restore point's size, not the head's: a snapshot image is never resized, so they agree.
         return Parent(io, name, name, size, image_id)
 
@@ -199,11 +198,8 @@ class Cloner:
                 journal = sources.volume_journal(source_io, self.instance_id, self.lock_seconds, self.keeper, session)
                 with sources.hold_source(journal, entry_id.object_uuid) as source_record, \
                         ceph_call("remove temporary snapshot", f"image {source_record.image_name!r}"):
-                    try:
-                        with rbd.Image(source_io, source_record.image_name) as image:
-                            layering.remove_snap(image, temp)
-                    except rbd.ImageNotFound:
-                        pass
+                    image_access.if_exists(source_io, lambda image: layering.remove_snap(image, temp),
+                                           source_record.image_name)
         except NotFound:
             pass  # the source is gone; its temporary snapshot went with it
 

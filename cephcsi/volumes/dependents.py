@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import rados
 import rbd
 
-from cephcsi.ceph import imagestate, layering, trash
+from cephcsi.ceph import image_access, imagestate, layering, trash
 from cephcsi.ceph.batch import Batch
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.ceph.imagestate import ImageState
@@ -51,10 +51,7 @@ def probe(io: rados.Ioctx, name: str) -> Usage | None:
     opened (gone, half-made, or an error): the caller may probe before it knows the image's
     state, to overlap the open with other reads, and `require_unused` then opens it again
     with full error reporting. A read-only open registers no watch."""
-    try:
-        return _usage(io, name)
-    except (rbd.Error, rados.Error):
-        return None
+    return image_access.if_readable(io, _usage, name)
 
 
 class HeaderProbe:
@@ -92,17 +89,13 @@ def _snapshot_count(snap_context: bytes) -> int | None:
     return count
 
 
-def _usage(io: rados.Ioctx, name: str) -> Usage:
-    with rbd.Image(io, name, read_only=True) as image:
-        return Usage(tuple(image.watchers_list()), layering.list_snaps(image))
+def _usage(image: rbd.Image) -> Usage:
+    return Usage(tuple(image.watchers_list()), layering.list_snaps(image))
 
 
 def _checked_usage(io: rados.Ioctx, name: str) -> Usage | None:
     with ceph_call("list image watchers and snapshots", f"image {name!r}"):
-        try:
-            return _usage(io, name)
-        except rbd.ImageNotFound:
-            return None
+        return image_access.if_exists(io, _usage, name, read_only=True)
 
 
 def require_unused(io: rados.Ioctx, name: str, first: Usage | None = None) -> list[layering.SnapInfo]:
@@ -126,15 +119,7 @@ def require_unused(io: rados.Ioctx, name: str, first: Usage | None = None) -> li
 
 def _remove_to_trash(io: rados.Ioctx, name: str) -> None:
     """`RBD.remove` of a parent (to the trash, USER_PARENT), waiting out a child purge's watch."""
-    deadline = time.monotonic() + PARENT_WATCH_WAIT
-    while True:
-        try:
-            rbd.RBD().remove(io, name)
-            return
-        except rbd.ImageBusy:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.1)
+    image_access.remove_waiting_for_watchers(io, name, PARENT_WATCH_WAIT)
 
 
 def _ours(snap_name: str, image_name: str) -> bool:
@@ -183,8 +168,5 @@ def purged_by_librbd(io: rados.Ioctx, image_id: str) -> bool:
     if entry is None or not entry.awaits_children:
         return False
     with ceph_call("list snapshots of a trashed clone parent", f"image id {image_id!r}"):
-        try:
-            with rbd.Image(io, image_id=image_id, read_only=True) as image:
-                return bool(layering.list_snaps(image))
-        except rbd.ImageNotFound:
-            return True  # librbd purged it meanwhile
+        snapshotted = image_access.if_exists_by_id(io, lambda image: bool(layering.list_snaps(image)), image_id)
+        return True if snapshotted is None else snapshotted  # None: librbd purged it meanwhile

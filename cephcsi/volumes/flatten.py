@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import rados
 import rbd
 
-from cephcsi.ceph import layering
+from cephcsi.ceph import image_access, layering
 from cephcsi.ceph.connection import Session
 from cephcsi.errors import ConfigError
 from cephcsi.observability.logging import fields
@@ -114,8 +114,7 @@ def _release(session: Session, children: list[dict[str, object]], hops: int) -> 
 
 
 def _children_of_trashed(session: Session, pool: str, namespace: str, image_id: str) -> list[dict[str, object]]:
-    try:
-        with session.ioctx(pool, namespace) as io, layering.open_by_id(io, image_id) as image:
-            return layering.children_of(image)
-    except rbd.ImageNotFound:
-        return []  # purged meanwhile: the snapshot is free already, or will be at once
+    with session.ioctx(pool, namespace) as io:
+        children = image_access.if_exists_by_id(io, layering.children_of, image_id)
+    # None: purged meanwhile, so the snapshot is free already, or will be at once.
+    return [] if children is None else children

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import rados
 
-from cephcsi.ceph import image_create, image_metadata, images, imagestate, omap, trash, trash_move
+from cephcsi.ceph import image_access, image_create, image_metadata, images, imagestate, omap, trash
 from cephcsi.ceph.connection import ConnectionCache, Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.leases import LeaseKeeper
@@ -338,7 +338,7 @@ class VolumeManager:
         # journaled, else by a read-only open, which the header probe also falls back to when
         # the image turns out watched or snapshotted.
         header_probe = dependents.HeaderProbe(io, known_id) if known_id else None
-        movable = trash_move.Eligibility(io, known_id) if known_id and session.hand_writes() else None
+        mover = image_access.TrashMover(session, io, known_id)
         usage = dependents.probe(io, record.image_name) if header_probe is None else None
         state = inspection.result()
         if header_probe is not None and state.image_id == header_probe.image_id:
@@ -369,14 +369,9 @@ class VolumeManager:
             # Snapshots or clones still read through it: librbd purges it after them.
             if dependents.defer_if_parent(io, state, snaps):
                 return
-        # The move by hand rests on what the header probe proved (no watcher, no snapshot) and on
-        # a name that the id object and the directory both map to this id; anything else, and
-        # every resumed move, is librbd's.
-        if (state.live and unused_by_header and state.named_consistently and movable is not None
-                and state.image_id == movable.image_id and movable.result()):
-            trash_move.move(io, state.name, state.image_id)
-        else:
-            trash.move(io, state)
+        # Which path moves it (by hand or librbd) is the Ceph layer's choice; a move by hand
+        # rests on what the header probe proved (no watcher, no snapshot).
+        mover.move(state, proven_unused=unused_by_header)
         failpoints.reach("delete.after-trash")
         if not state.live:
             # Resuming a delete that a crash interrupted, perhaps inside librbd with the image

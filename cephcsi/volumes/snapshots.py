@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import rados
 import rbd
 
-from cephcsi.ceph import images, layering
+from cephcsi.ceph import image_access, images, layering
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.errors import ceph_call
@@ -188,15 +188,15 @@ class SnapshotManager:
         finished), else None."""
         if images.lookup_id(io, name) is None:
             return None  # no image yet (the usual case on a first call): one read, not an open
-        with ceph_call("open snapshot image", f"image {name!r}"):
-            try:
-                with rbd.Image(io, name, read_only=True) as image:
-                    restore_point = layering.user_snap(image, name)
-                    if restore_point is None:
-                        return None
-                    return replace(_Shape.of(image), cut_at=layering.snap_timestamp(image, restore_point.snap_id))
-            except rbd.ImageNotFound:
+
+        def shape(image: rbd.Image) -> _Shape | None:
+            restore_point = layering.user_snap(image, name)
+            if restore_point is None:
                 return None
+            return replace(_Shape.of(image), cut_at=layering.snap_timestamp(image, restore_point.snap_id))
+
+        with ceph_call("open snapshot image", f"image {name!r}"):
+            return image_access.if_exists(io, shape, name, read_only=True)
 
     def _cut(self, session: Session, io: rados.Ioctx, pool: str, volumes: Journal, snapshots: Journal,
              record: Record) -> None:
@@ -234,20 +234,15 @@ class SnapshotManager:
         if not source_id or not source_image:
             return  # made by ceph-csi, which leaves no temporary snapshot of ours
         with ceph_call("look for a temporary snapshot", f"image {source_image!r}"):
-            try:
-                with rbd.Image(volumes.io, source_image, read_only=True) as image:
-                    if layering.user_snap(image, temp) is None:
-                        return
-            except rbd.ImageNotFound:
-                return
+            left = image_access.if_exists(volumes.io, lambda image: layering.user_snap(image, temp) is not None,
+                                          source_image, read_only=True)
+        if not left:
+            return
         try:
             with sources.hold_source(volumes, sources.decode(source_id, "source volume").object_uuid) as source_record, \
                     ceph_call("remove temporary snapshot", f"image {source_record.image_name!r}"):
-                try:
-                    with rbd.Image(volumes.io, source_record.image_name) as source:
-                        layering.remove_snap(source, temp)
-                except rbd.ImageNotFound:
-                    pass
+                image_access.if_exists(volumes.io, lambda source: layering.remove_snap(source, temp),
+                                       source_record.image_name)
         except NotFound:
             pass  # the source is gone, and its temporary snapshot went with it (or to the trash)
 
