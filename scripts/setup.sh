@@ -77,4 +77,9 @@ for release in $(tests/ceph/releases.sh list); do
   log "building the Ceph $release root (cached after the first run)"
   tests/ceph/releases.sh build "$release" >/dev/null
 done
+# The stock-Tentacle session runs pytest inside the sid root with Tentacle's own client (the only
+# one here that reads aes256k keys): its venv of the driver's dependencies, from PyPI wheels for
+# the root's Python 3.14 (cached by the dependency list; `--version` only prepares it).
+log "preparing the test venv inside the Ceph tentacle root (cached after the first run)"
+tests/ceph/in_root.sh tentacle --version >/dev/null
 log "done"
