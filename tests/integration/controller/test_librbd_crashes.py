@@ -157,7 +157,8 @@ def test_delete_finishes_a_remove_killed_while_it_moved_the_image_to_the_trash(
     The shape lasts about a millisecond, so the kill instant is searched for: it lies where the
     image leaves the directory, between the latest kill that left it there and the earliest
     that did not. On a busy machine the start-up of `rbd rm` jitters by more than the window, so
-    the search may need a few hundred attempts (each about a second); on a quiet one, a few."""
+    the search may need a few hundred attempts (each a create, a killed `rbd rm` and a delete);
+    on a quiet one, a few."""
     baseline = read_pool(ceph_cluster)
     earliest_gone, latest_there = 0.08, 0.0
 
