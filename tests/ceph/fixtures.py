@@ -30,8 +30,10 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from unittest import mock
 
 import pytest
 
@@ -239,19 +241,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=f"not on Ceph {current}: {reason}"))
 
 
-@pytest.fixture(scope="session")
-def ceph_cluster(request: pytest.FixtureRequest) -> Iterator[CephTestCluster]:
-    release, auth = session_release(str(request.config.getoption("--ceph-release")))
-    # Short path: unix socket names under it must stay below 107 bytes.
-    directory = tempfile.mkdtemp(prefix="cc-", dir="/tmp")
+@contextmanager
+def running_cluster(prefix: str, release: str = "pacific", auth: str = "stock",
+                    address: str | None = None) -> Iterator[CephTestCluster]:
+    """A one-node cluster for the duration of the block, in a fresh folder under /tmp (a short
+    path: unix socket names under it must stay below 107 bytes), bound to `address` if given;
+    a failed start fails the test with the script's stderr, and the daemons are always stopped.
+    The folder is kept with CEPHCSI_TEST_KEEP_CEPH set, for a post-mortem of the daemons' logs."""
+    directory = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    environment = {"CEPH_ADDR": address} if address else {}
     try:
-        cluster = start_cluster(directory, release=release, auth=auth)
-    except subprocess.CalledProcessError as error:
-        stop_cluster(directory)
-        pytest.fail(f"could not start the Ceph {release} test cluster: {error.stderr}")
-    try:
+        try:
+            with mock.patch.dict(os.environ, environment):
+                cluster = start_cluster(directory, release=release, auth=auth)
+        except subprocess.CalledProcessError as error:
+            where = f" on {address}" if address else ""
+            pytest.fail(f"could not start the Ceph {release} ({auth} auth) test cluster{where}: {error.stderr}")
         yield cluster
     finally:
         stop_cluster(directory)
-        if not os.environ.get("CEPHCSI_TEST_KEEP_CEPH"):  # kept for a post-mortem of its daemons' logs
+        if not os.environ.get("CEPHCSI_TEST_KEEP_CEPH"):
             shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ceph_cluster(request: pytest.FixtureRequest) -> Iterator[CephTestCluster]:
+    release, auth = session_release(str(request.config.getoption("--ceph-release")))
+    with running_cluster("cc-", release, auth) as cluster:
+        yield cluster

@@ -19,14 +19,13 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from unittest import mock
 
 import grpc
 import pytest
 
 from cephcsi._generated import csi_pb2
 from cephcsi.volumes.volume_id import VolumeId
-from tests.ceph.fixtures import CephTestCluster, start_cluster, stop_cluster
+from tests.ceph.fixtures import CephTestCluster, running_cluster
 from tests.vm import network
 from tests.vm.machine import QEMU, IndexInUse, VmImage, VmNode
 from tests.vm.plugin import KUBELET_DIR, GuestPlugin
@@ -78,18 +77,10 @@ def vm_image() -> VmImage:
 def vm_cluster(vm_image: VmImage) -> Iterator[CephTestCluster]:
     """A Ceph cluster the VM can reach: bound to the bridge address (the bridge must exist first)."""
     network.ensure_bridge()
-    directory = tempfile.mkdtemp(prefix="cv-", dir="/tmp")
     try:
-        with mock.patch.dict(os.environ, {"CEPH_ADDR": network.HOST_ADDRESS}):
-            cluster = start_cluster(directory)
-    except subprocess.CalledProcessError as error:
-        stop_cluster(directory)
-        pytest.fail(f"could not start the Ceph test cluster on {network.HOST_ADDRESS}: {error.stderr}")
-    try:
-        yield cluster
+        with running_cluster("cv-", address=network.HOST_ADDRESS) as cluster:
+            yield cluster
     finally:
-        stop_cluster(directory)
-        shutil.rmtree(directory, ignore_errors=True)
         network.remove_bridge()  # after the cluster bound to its address, and the VMs' taps, are gone
 
 

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import uuid
 from collections.abc import Iterator
@@ -22,7 +20,7 @@ import pytest
 
 from cephcsi._generated import csi_pb2
 from cephcsi.ceph import cephx_keys
-from tests.ceph.fixtures import CephTestCluster, start_cluster, stop_cluster
+from tests.ceph.fixtures import CephTestCluster, running_cluster
 from tests.integration.auth import keys
 from tests.integration.driver import DriverProcess
 from tests.integration.node.conftest import expect_code, mount_cap
@@ -48,17 +46,8 @@ _CONNECT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def tentacle() -> Iterator[CephTestCluster]:
-    directory = tempfile.mkdtemp(prefix="ct-", dir="/tmp")
-    try:
-        cluster = start_cluster(directory, release="tentacle")
-    except subprocess.CalledProcessError as error:
-        stop_cluster(directory)
-        pytest.fail(f"could not start a Tentacle cluster: {error.stderr}")
-    try:
+    with running_cluster("ct-", release="tentacle") as cluster:
         yield cluster
-    finally:
-        stop_cluster(directory)
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def connects(cluster: CephTestCluster, key: str) -> str:

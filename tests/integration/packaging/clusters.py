@@ -3,13 +3,8 @@ the host's Pacific 16.2.15, Reef 18.2.7, and Tentacle 20.2.4 with its stock auth
 only, which no client older than Tentacle can parse)."""
 from __future__ import annotations
 
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import pytest
 
 from tests.ceph import fixtures
 from tests.ceph.fixtures import CephTestCluster
@@ -21,14 +16,5 @@ RELEASES = ("pacific", "reef", "tentacle")
 def started(name: str) -> Iterator[CephTestCluster]:
     """A one-node cluster of the --ceph-release value `name` for the duration of the block."""
     release, auth = fixtures.session_release(name)
-    # Short path: unix socket names under it must stay below 107 bytes.
-    directory = tempfile.mkdtemp(prefix=f"ci-{release[:4]}-", dir="/tmp")
-    try:
-        try:
-            cluster = fixtures.start_cluster(directory, release=release, auth=auth)
-        except subprocess.CalledProcessError as error:
-            pytest.fail(f"could not start the Ceph {name} test cluster: {error.stderr}")
+    with fixtures.running_cluster(f"ci-{release[:4]}-", release, auth) as cluster:
         yield cluster
-    finally:
-        fixtures.stop_cluster(directory)
-        shutil.rmtree(directory, ignore_errors=True)
