@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -84,19 +84,25 @@ def vm_cluster(vm_image: VmImage) -> Iterator[CephTestCluster]:
         network.remove_bridge()  # after the cluster bound to its address, and the VMs' taps, are gone
 
 
+def boot_free_node(image: VmImage, workdir: str, indexes: Iterable[int]) -> VmNode | None:
+    """A node booted at the first of `indexes` no other VM on this machine holds (each index has
+    its own tap and address, so concurrent test sessions do not collide); None if all are held."""
+    for index in indexes:
+        node = VmNode(image, index, workdir, REPO)
+        try:
+            node.start()
+        except IndexInUse:
+            continue
+        return node
+    return None
+
+
 @pytest.fixture(scope="package")
 def vm_node(vm_image: VmImage, vm_cluster: CephTestCluster) -> Iterator[VmNode]:
     workdir = tempfile.mkdtemp(prefix="vm-", dir="/tmp")
     node = None
     try:
-        # The first node index no other test session on this machine holds (its own tap and address).
-        for index in range(MAX_CONCURRENT_SESSIONS):
-            node = VmNode(vm_image, index, workdir, REPO)
-            try:
-                node.start()
-                break
-            except IndexInUse:
-                node = None
+        node = boot_free_node(vm_image, workdir, range(MAX_CONCURRENT_SESSIONS))
         if node is None:
             pytest.skip(f"VM tier: {MAX_CONCURRENT_SESSIONS} other test sessions run VM nodes on this machine")
         print(f"\nVM node {node.index} ({node.accel}) ready after {node.boot_seconds:.0f}s")

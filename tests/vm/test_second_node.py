@@ -23,9 +23,9 @@ from collections.abc import Iterator
 import pytest
 
 from tests.ceph.fixtures import CephTestCluster
-from tests.vm.conftest import MAX_CONCURRENT_SESSIONS, REPO, VmEnv, VmVolume, mount_cap
+from tests.vm.conftest import MAX_CONCURRENT_SESSIONS, VmEnv, VmVolume, boot_free_node, mount_cap
 from tests.vm.guestio import kubelet_mounts, read_payload, stage_record, write_payload
-from tests.vm.machine import IndexInUse, VmImage, VmNode, scaled
+from tests.vm.machine import VmImage, VmNode, scaled
 from tests.vm.plugin import GuestPlugin
 
 # 900 s: the first test also waits for both VMs to boot under TCG.
@@ -39,15 +39,8 @@ def second_env(vm_image: VmImage, vm_cluster: CephTestCluster, vm_node: VmNode) 
     workdir = tempfile.mkdtemp(prefix="vm2-", dir="/tmp")
     node = None
     try:
-        for index in range(2 * MAX_CONCURRENT_SESSIONS):
-            if index == vm_node.index:
-                continue
-            node = VmNode(vm_image, index, workdir, REPO)
-            try:
-                node.start()
-                break
-            except IndexInUse:
-                node = None
+        others = (index for index in range(2 * MAX_CONCURRENT_SESSIONS) if index != vm_node.index)
+        node = boot_free_node(vm_image, workdir, others)
         if node is None:
             pytest.skip("VM tier: no free VM node index for a second node on this machine")
         print(f"\nsecond VM node {node.index} ({node.accel}) ready after {node.boot_seconds:.0f}s")
