@@ -5,7 +5,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import FrameType
 
 from cephcsi import __version__
