@@ -20,7 +20,6 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-import grpc
 import pytest
 
 from cephcsi._generated import csi_pb2
@@ -198,14 +197,6 @@ def mount_cap(fs_type: str = "ext4") -> Cap:
 
 def block_cap() -> Cap:
     return Cap(block=Cap.BlockVolume(), access_mode=Mode(mode=Mode.SINGLE_NODE_WRITER))
-
-
-def expect_code(code: grpc.StatusCode, call: Callable[..., object], *args: object, **kwargs: object) -> str:
-    with pytest.raises(grpc.RpcError) as caught:
-        call(*args, **kwargs)
-    error = caught.value
-    assert error.code() == code, f"expected {code.name}, got {error.code().name}: {error.details()}"
-    return str(error.details())
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ import grpc
 import pytest
 
 from cephcsi.node.stage_record import FS_DIR
-from tests.vm.conftest import VmEnv, VmVolume, block_cap, expect_code, mount_cap
+from tests.integration.node.conftest import expect_code
+from tests.vm.conftest import VmEnv, VmVolume, block_cap, mount_cap
 from tests.vm.guestio import kubelet_mounts, read_payload, stage_record, write_payload
 
 # 900 s: the first test also waits for the VM to boot under TCG (up to ~8 minutes on a loaded host).

@@ -8,7 +8,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from tests.vm.conftest import MiB, VmEnv, VmVolume, expect_code, mount_cap
+from tests.integration.node.conftest import expect_code
+from tests.vm.conftest import MiB, VmEnv, VmVolume, mount_cap
 from tests.vm.guestio import device_bytes, fs_bytes, read_payload, stage_record, write_payload
 
 # 900 s: the first test also waits for the VM to boot under TCG (up to ~8 minutes on a loaded host).

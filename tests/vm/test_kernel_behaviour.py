@@ -7,7 +7,8 @@ import time
 import grpc
 import pytest
 
-from tests.vm.conftest import VmEnv, VmVolume, block_cap, expect_code, mount_cap
+from tests.integration.node.conftest import expect_code
+from tests.vm.conftest import VmEnv, VmVolume, block_cap, mount_cap
 from tests.vm.guestio import kubelet_mounts, read_payload, stage_record, write_payload
 from tests.vm.machine import scaled
 
