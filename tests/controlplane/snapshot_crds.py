@@ -1,18 +1,18 @@
 """The snapshot CRDs of kubernetes-csi/external-snapshotter (fetched, with the upstream
-snapshot-controller, by snapshotter_build.sh) on the test apiserver: installed for the tests
-that need them, and removed again by those that must leave a cluster without them behind.
+snapshot-controller, by snapshotter_build.sh) on the test apiserver, installed by the first
+test that needs them and left for the rest of the session.
 
-A bare apiserver does not serve snapshot.storage.k8s.io; the control plane is shared by the
-whole session, so a test that installs the CRDs for itself uninstalls what it created, and
-tests that expect no CRDs still find none.
+A bare apiserver does not serve snapshot.storage.k8s.io. The CRDs are never deleted again: a CRD
+deleted and re-created under the same name on the shared control plane sometimes stayed in
+Terminating for minutes on a loaded 2-core machine (the apiserver's CRD finalizer), which failed
+whatever test happened to be cleaning up. The one test that needs a cluster without them
+(tests/integration/audit) runs before any installer in collection order and skips otherwise.
 """
 from __future__ import annotations
 
-import functools
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import kubernetes.client
@@ -67,33 +67,7 @@ def install(client: kubernetes.client.ApiClient, created: list[str], out: Path |
     _until("the snapshot CRDs in discovery", lambda: plurals <= served_plurals(client))
 
 
-def _crd_gone(extensions: kubernetes.client.ApiextensionsV1Api, name: str) -> bool:
-    try:
-        extensions.read_custom_resource_definition(name)
-    except kubernetes.client.ApiException as error:
-        if error.status == 404:
-            return True
-        raise
-    return False
-
-
-def uninstall(client: kubernetes.client.ApiClient, names: list[str]) -> None:
-    extensions = kubernetes.client.ApiextensionsV1Api(client)
-    for name in names:
-        extensions.delete_custom_resource_definition(name)
-    for name in names:
-        # The apiserver's CRD finalizer removes the instances first: seconds when quiet,
-        # longer on a loaded 2-core machine.
-        _until(f"CRD {name} deleted", functools.partial(_crd_gone, extensions, name), timeout=180.0)
-
-
-@contextmanager
-def snapshot_crds(control_plane: ControlPlane) -> Iterator[None]:
-    """The CRDs installed and served while inside; those created here are deleted on the way out."""
+def ensure_installed(control_plane: ControlPlane) -> None:
+    """The CRDs served from here to the end of the session (see the module docstring)."""
     with control_plane.api_client() as client:
-        created: list[str] = []
-        try:
-            install(client, created)
-            yield
-        finally:
-            uninstall(client, created)
+        install(client, [])

@@ -130,11 +130,12 @@ CONTENTS = "volumesnapshotcontents"
 
 @pytest.fixture
 def contents(control_plane: ControlPlane) -> Iterator[Any]:
-    """Installs the snapshot CRDs (removing those it created afterwards), then creates
+    """Installs the snapshot CRDs (they stay: tests.controlplane.snapshot_crds), then creates
     VolumeSnapshotContents as the snapshot-controller and the snapshotter would leave them and
     deletes them afterwards. No snapshot-controller runs: nothing else touches them."""
     created: list[str] = []
-    with snapshot_crds.snapshot_crds(control_plane), control_plane.api_client() as admin:
+    snapshot_crds.ensure_installed(control_plane)
+    with control_plane.api_client() as admin:
         custom = kubernetes.client.CustomObjectsApi(admin)
 
         def make(source: dict[str, str], handle: str = "", uid: str = "", driver: str = DRIVER) -> str:

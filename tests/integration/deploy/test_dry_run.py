@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 import yaml
 
 from tests.controlplane.cluster import ControlPlane
-from tests.controlplane.snapshot_crds import snapshot_crds as installed_snapshot_crds
+from tests.controlplane import snapshot_crds as crds
 from tests.integration.deploy.conftest import Applier
 from tests.unit.deploy import manifests as m
 
@@ -25,12 +24,11 @@ EXAMPLES = [obj for path in sorted(m.EXAMPLES.glob("*.yaml")) for obj in m.load_
 
 
 @pytest.fixture
-def snapshot_crds(control_plane: ControlPlane) -> Iterator[None]:
+def snapshot_crds(control_plane: ControlPlane) -> None:
     """The external-snapshotter CRDs (kubernetes-csi/external-snapshotter) installed and served:
-    the ClusterRole names their resources, which a bare apiserver does not serve. Those created
-    here are deleted again afterwards (tests.controlplane.snapshot_crds)."""
-    with installed_snapshot_crds(control_plane):
-        yield
+    the ClusterRole names their resources, which a bare apiserver does not serve. They stay
+    installed (tests.controlplane.snapshot_crds)."""
+    crds.ensure_installed(control_plane)
 
 
 def test_namespace_object_dry_runs(admin_applier: Applier) -> None:
