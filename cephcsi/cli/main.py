@@ -69,11 +69,16 @@ def run(settings: Settings) -> int:
         probe = SocketProbe(server.path)
         health.add_liveness(f"csi:{server.path}", probe)
         health.add_readiness(f"csi:{server.path}", probe)
+    if settings.sidecars.enabled:
+        # The sidecars register their own readiness (informers synced) as they start; until then
+        # the process is not ready either, or /readyz would answer 200, then 503, then 200.
+        health.add_readiness("sidecars", lambda: "the embedded sidecars are starting")
     if http is not None:
         http.start()
     sidecars = None
     if settings.sidecars.enabled:
         sidecars = start_sidecars(settings, services, health, lifetime.request_exit)
+        health.remove("sidecars")
     log.info(
         "cephcsi started",
         extra=fields(version=__version__, mode=settings.mode, driver=settings.driver_name, clusters=clusters.ids(),

@@ -14,7 +14,11 @@ models: decoding into models costs several times more CPU and memory, drops fiel
 version does not know (bad when building an update from a cached object), and turns camelCase
 into snake_case attributes that differ from every manifest and kubectl output. List items get
 `kind` and `apiVersion` filled in (the API omits them in lists) so cached objects can be used as
-event targets. Relists are consistent reads (no resourceVersion="0"): they cost the apiserver
+event targets. `metadata.managedFields` is dropped from every object before it is cached
+(client-go's TransformStripManagedFields): no loop reads it, and it is more than half of a
+typical claim's or PV's size, so the cache grew by it with every object of the cluster. Updates
+built from a cached object stay correct: the apiserver keeps the live object's managedFields
+when a request carries none. Relists are consistent reads (no resourceVersion="0"): they cost the apiserver
 more than a cache read but never go back in time.
 """
 from __future__ import annotations
@@ -185,6 +189,7 @@ class Reflector:
                 response.release_conn()
             kind, api_version = _item_type(body)
             for item in body.get("items") or []:
+                _slim(item)
                 item.setdefault("kind", kind)
                 item.setdefault("apiVersion", api_version)
                 items.append(item)
@@ -288,11 +293,19 @@ class Reflector:
             raise _WatchFailed(f"watch error {code}: {obj.get('message', '')}")
         new_rv = resource_version(obj) or rv
         if etype in ("ADDED", "MODIFIED", "DELETED"):
+            _slim(obj)
             self._sink.apply(etype, obj)
         elif etype != "BOOKMARK":
             log.warning("unknown watch event type", extra={"fields": {"informer": self.name, "type": etype}})
         self.last_rv = new_rv
         return new_rv
+
+
+def _slim(obj: Any) -> None:
+    """What the cache keeps of an object: all of it but metadata.managedFields (module docstring)."""
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    if isinstance(metadata, dict):
+        metadata.pop("managedFields", None)
 
 
 def _item_type(body: Mapping[str, Any]) -> tuple[str, str]:

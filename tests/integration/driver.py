@@ -60,10 +60,15 @@ class DriverProcess:
             *self.args,
         ]
 
-    def start(self, timeout: float = 30) -> DriverProcess:
+    def launch(self) -> subprocess.Popen[bytes]:
+        """Start the process without waiting for it to serve (start() waits)."""
         log = open(self.log_path, "ab")
         env = {**os.environ, **self.env}
         self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
+        return self.process
+
+    def start(self, timeout: float = 30) -> DriverProcess:
+        self.process = self.launch()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -49,13 +49,14 @@ StartControllers = Callable[..., list[ControllerProcess]]
 
 @pytest.fixture
 def start_controllers(env: Env) -> Iterator[StartControllers]:
-    """start_controllers(n=1, args=(), env={}, kubeconfig=None, lease_namespace=None): that many
-    controller replicas (sidecars on, fast leader election); all stopped (and their Lease
-    released) after the test."""
+    """start_controllers(n=1, args=(), env={}, kubeconfig=None, lease_namespace=None,
+    wait=True): that many controller replicas (sidecars on, fast leader election), serving CSI
+    when it returns unless `wait` is False; all stopped (and their Lease released) after the test."""
     started: list[ControllerProcess] = []
 
     def start(n: int = 1, args: Sequence[str] = (), environ: dict[str, str] | None = None,
-              kubeconfig: Path | None = None, lease_namespace: str | None = None) -> list[ControllerProcess]:
+              kubeconfig: Path | None = None, lease_namespace: str | None = None,
+              wait: bool = True) -> list[ControllerProcess]:
         batch = []
         for _ in range(n):
             process = ControllerProcess(env.config_file, mode="controller", env=dict(environ or {}), args=[
@@ -69,7 +70,10 @@ def start_controllers(env: Env) -> Iterator[StartControllers]:
             started.append(process)
             batch.append(process)
         for process in batch:
-            process.start()
+            if wait:
+                process.start()
+            else:
+                process.launch()
         return batch
 
     yield start

@@ -152,6 +152,26 @@ def test_initial_list_is_delivered_before_synced_and_items_get_kind(server: Fake
         informer.stop()
 
 
+def test_the_cache_keeps_no_managed_fields(server: FakeServer) -> None:
+    """managedFields is dropped from listed and watched objects alike; everything else is kept."""
+    fields = [{"manager": "kubectl", "operation": "Apply", "fieldsV1": {"f:data": {"f:v": {}}}}]
+    server.objects["a"]["metadata"]["managedFields"] = fields
+    rec = Recorder()
+    informer = started(server, rec)
+    try:
+        server.next_watch()
+        watched = server.put("c", "1")
+        watched["metadata"]["managedFields"] = fields
+        server.emit("ADDED", watched)
+        rec.wait_for(3)
+        for name in ("a", "c"):
+            cached = informer.get_by_name("ns", name)
+            assert cached is not None and "managedFields" not in cached["metadata"], cached
+            assert cached["metadata"]["name"] == name and cached["data"] == {"v": "1"}
+    finally:
+        informer.stop()
+
+
 def test_watch_events_update_cache_and_reach_handlers_in_order(server: FakeServer) -> None:
     rec = Recorder()
     informer = started(server, rec)
