@@ -95,13 +95,17 @@ class InformerFactory:
             informer.start()
 
     def wait_for_sync(self, timeout: float) -> bool:
-        """Wait until every started informer has synced; False on timeout."""
+        """Wait until every started informer has synced; False on timeout. Not logged: callers
+        poll this while a large cluster loads, which is normal (they say when it is slow)."""
         deadline = time.monotonic() + timeout
         for informer in self.informers():
             if not informer.wait_for_sync(max(0.0, deadline - time.monotonic())):
-                log.warning("informer did not sync in time", extra={"fields": {"informer": informer.name, "timeout": timeout}})
                 return False
         return True
+
+    def unsynced(self) -> list[str]:
+        """Names of the informers still loading."""
+        return [informer.name for informer in self.informers() if not informer.has_synced()]
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop every informer."""

@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -41,6 +42,9 @@ from cephcsi.observability.logging import fields
 from cephcsi.sidecars.calls import CsiCalls
 
 log = logging.getLogger(__name__)
+
+_SLOW_SYNC = 60.0
+"""Seconds of loading after which the wait is worth a warning: 20,000 claims load in ~10 s."""
 
 RequestExit = Callable[[int, str], None]
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -210,9 +214,16 @@ class ControllerLoops:
         term = _Term(stop=stop)
         with self._term_lock:
             self._term = term
+        started, warned = time.monotonic(), False
         while not self.factory.wait_for_sync(1.0):
             if stop.is_set():
                 return
+            waited = time.monotonic() - started
+            if not warned and waited > _SLOW_SYNC:
+                log.warning("informer caches still loading; the loops start once they are complete",
+                            extra=fields(waited_seconds=round(waited), informers=self.factory.unsynced()))
+                warned = True
+        log.info("informer caches synced", extra=fields(seconds=round(time.monotonic() - started, 2)))
         with self._term_lock:
             if stop.is_set() or self._term is not term:
                 return
