@@ -32,8 +32,11 @@ from cephcsi.settings import Settings
 from cephcsi.sidecars import kubeerrors
 from cephcsi.sidecars.api import KubeApi
 from cephcsi.sidecars.attacher import strategy as attach_strategy
+from cephcsi.sidecars.attacher.api import AttacherApi
 from cephcsi.sidecars.attacher.controller import AttacherLoop
+from cephcsi.sidecars.attacher.fencing import KubeNodes, Unfencer
 from cephcsi.sidecars.attacher.legacy import LegacyTakeover
+from cephcsi.sidecars.attacher.publishing import PublishingAttach, node_id_of
 from cephcsi.sidecars.calls import CsiCalls
 from cephcsi.sidecars.controller import (
     ControllerClients,
@@ -203,13 +206,27 @@ def _provisioner(parts: _Parts) -> ProvisionerLoop:
 
 def _attacher(parts: _Parts) -> AttacherLoop:
     driver = parts.settings.driver_name
-    chosen = attach_strategy.choose(parts.capabilities(), parts.api)
     attachments = parts.factory.volume_attachments()
+    volumes = parts.factory.persistent_volumes()
     # Finalizers left by ceph-csi >= 3.15's csi-attacher are taken over (attacher/legacy.py).
     takeover = LegacyTakeover(parts.api, driver, attachments)
-    return AttacherLoop(driver, attachments, chosen,
-                        workers=min(parts.settings.sidecars.worker_threads, ATTACHER_WORKERS), backoff=parts.backoff,
-                        volumes=parts.factory.persistent_volumes(), takeover=takeover)
+    workers = min(parts.settings.sidecars.worker_threads, ATTACHER_WORKERS)
+    if not attach_strategy.publishes(parts.capabilities()):
+        return AttacherLoop(driver, attachments, attach_strategy.TrivialAttach(parts.api), workers=workers,
+                            backoff=parts.backoff, volumes=volumes, takeover=takeover)
+    api = AttacherApi(parts.api_client)
+    nodes, csinodes = parts.factory.nodes(), parts.factory.csi_nodes()
+    publishing = PublishingAttach(api, driver, parts.controller, parts.clients.calls, volumes,
+                                  csinodes=csinodes, nodes=nodes, multi_writer=parts.multi_writer())
+    unfencer = None
+    if parts.controller.publisher is not None:
+        unfencer = Unfencer(api, driver, parts.controller.publisher, volumes, publishing.secrets_of_volume)
+    # The controller learns node ids and out-of-service taints from the same caches.
+    parts.controller.nodes = KubeNodes(api, driver, nodes, csinodes,
+                                       on_fence=unfencer.note if unfencer is not None else None)
+    return AttacherLoop(driver, attachments, publishing, workers=workers, backoff=parts.backoff, volumes=volumes,
+                        takeover=takeover, nodes=nodes, unfencer=unfencer,
+                        node_id_of=lambda name: node_id_of(name, driver, csinodes, nodes))
 
 
 def _resizer(parts: _Parts) -> ResizerLoop:

@@ -27,6 +27,7 @@ from cephcsi.settings import Settings
 from cephcsi.volumes.clones import Cloner
 from cephcsi.volumes.flatten import FlattenPolicy
 from cephcsi.volumes.manager import VolumeManager
+from cephcsi.volumes.publish import LocalNodes, Publisher
 from cephcsi.volumes.snapshots import SnapshotManager
 
 if TYPE_CHECKING:
@@ -51,8 +52,12 @@ def build_controller(settings: Settings, clusters: ClusterRegistry, keeper: Leas
         cloner=Cloner(policy, settings.instance_id, settings.ceph.journal_lock_seconds, keeper),
         keeper=keeper,
     )
+    publisher = Publisher(clusters, manager.connections, manager.read_record, mon_timeout=settings.ceph.mon_op_timeout)
+    # Without Kubernetes the controller knows only its own node (--mode=all); the sidecar wiring
+    # replaces this with the Nodes and CSINodes the attacher watches.
+    own = frozenset({settings.node.node_id}) if settings.serves_node and settings.node.node_id else frozenset()
     return ControllerServicer(manager, settings.driver_name, settings.slow_call_seconds,
-                              snapshots=SnapshotManager(manager, policy))
+                              snapshots=SnapshotManager(manager, policy), publisher=publisher, nodes=LocalNodes(own))
 
 
 def build_node(settings: Settings, clusters: ClusterRegistry) -> NodeServicer:

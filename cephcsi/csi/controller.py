@@ -1,22 +1,32 @@
 """CSI Controller service: protobuf in, VolumeManager calls, protobuf out."""
 from __future__ import annotations
 
+import logging
+
 from cephcsi._generated import csi_pb2, csi_pb2_grpc
 from cephcsi.ceph.credentials import Credentials
-from cephcsi.csi.capabilities import check_well_formed, require_supported, unsupported_reason
+from cephcsi.csi.capabilities import SINGLE_NODE_MODES, check_well_formed, require_supported, unsupported_reason
 from cephcsi.csi.rpc import ServicerBase, rpc
 from cephcsi.csi.snapshots import SnapshotRpcs, content_source, content_source_message
-from cephcsi.errors import InvalidArgument
+from cephcsi.errors import InvalidArgument, NotFound, Unimplemented
+from cephcsi.observability.logging import fields
 from cephcsi.volumes import expansion
 from cephcsi.volumes import metadata as image_owner
 from cephcsi.volumes.capacity import choose_size
 from cephcsi.volumes.manager import CreateRequest, VolumeManager
 from cephcsi.volumes.parameters import VolumeParameters
+from cephcsi.volumes.publish import LocalNodes, NodeDirectory, Publisher, check_node_id
 from cephcsi.volumes.snapshots import SnapshotManager
 
+log = logging.getLogger(__name__)
+
 _RPC = csi_pb2.ControllerServiceCapability.RPC
+STATIC_VOLUME = "staticVolume"
 CAPABILITIES = (_RPC.CREATE_DELETE_VOLUME, _RPC.SINGLE_NODE_MULTI_WRITER, _RPC.EXPAND_VOLUME,
                 _RPC.CREATE_DELETE_SNAPSHOT, _RPC.LIST_SNAPSHOTS, _RPC.CLONE_VOLUME)
+PUBLISH_CAPABILITIES = (_RPC.PUBLISH_UNPUBLISH_VOLUME,)
+"""With a Publisher: ControllerPublish records the node holding the volume and refuses a second
+writer node; ControllerUnpublish fences a node out of service (cephcsi.volumes.publish)."""
 MAX_NAME_LENGTH = 255
 
 
@@ -24,11 +34,15 @@ class ControllerServicer(SnapshotRpcs, ServicerBase, csi_pb2_grpc.ControllerServ
     service_name = "Controller"
 
     def __init__(self, volumes: VolumeManager, driver_name: str, slow_call_seconds: float = 10.0,
-                 snapshots: SnapshotManager | None = None) -> None:
+                 snapshots: SnapshotManager | None = None, publisher: Publisher | None = None,
+                 nodes: NodeDirectory | None = None) -> None:
         self.volumes = volumes
         self.driver_name = driver_name
         self.slow_call_seconds = slow_call_seconds
         self.snapshots = snapshots
+        self.publisher = publisher
+        self.nodes: NodeDirectory = nodes or LocalNodes()
+        """Replaced by the sidecar wiring with the Kubernetes view (Nodes, CSINodes, taints)."""
 
     @rpc
     def CreateVolume(self, request: csi_pb2.CreateVolumeRequest, context: object) -> csi_pb2.CreateVolumeResponse:
@@ -119,9 +133,61 @@ class ControllerServicer(SnapshotRpcs, ServicerBase, csi_pb2_grpc.ControllerServ
         return csi_pb2.ControllerExpandVolumeResponse(capacity_bytes=result.size, node_expansion_required=not block)
 
     @rpc
+    def ControllerPublishVolume(
+        self, request: csi_pb2.ControllerPublishVolumeRequest, context: object
+    ) -> csi_pb2.ControllerPublishVolumeResponse:
+        publisher = self._publisher()
+        if not request.volume_id:
+            raise InvalidArgument("volume_id is required")
+        check_node_id(request.node_id)
+        if not request.HasField("volume_capability"):
+            raise InvalidArgument("volume_capability is required")
+        require_supported([request.volume_capability], "volume_capability")
+        if request.volume_context.get(STATIC_VOLUME) == "true" or not request.secrets:
+            # ceph-csi's pre-provisioned volumes (volumeHandle = the image name) and PVs whose class
+            # names no controller-publish secret (ceph-csi's own older PVs; the embedded attacher
+            # falls back to the provisioner's or node-stage secret) are published without a record.
+            log.warning("volume published without a record: no exclusivity check and no fencing for it", extra=fields(
+                volume=request.volume_id, node=request.node_id,
+                reason="static volume" if request.secrets else "no controller-publish secret"))
+            return csi_pb2.ControllerPublishVolumeResponse()
+        credentials = Credentials.from_secrets(request.secrets)
+        self.volumes.locate(request.volume_id, credentials)  # NOT_FOUND before the node check
+        if self.nodes.exists(request.node_id) is False:
+            raise NotFound(f"node {request.node_id!r} is not known: no node runs this driver's node plugin with that id")
+        single_node = request.volume_capability.access_mode.mode in SINGLE_NODE_MODES
+        publisher.publish(request.volume_id, request.node_id, single_node, credentials)
+        return csi_pb2.ControllerPublishVolumeResponse()
+
+    @rpc
+    def ControllerUnpublishVolume(
+        self, request: csi_pb2.ControllerUnpublishVolumeRequest, context: object
+    ) -> csi_pb2.ControllerUnpublishVolumeResponse:
+        publisher = self._publisher()
+        if not request.volume_id:
+            raise InvalidArgument("volume_id is required")
+        if not request.node_id:
+            # The spec allows "from every node"; Kubernetes always names one, and fencing needs it.
+            raise InvalidArgument("node_id is required (unpublishing from every node at once is not supported)")
+        check_node_id(request.node_id)
+        if not request.secrets:
+            log.warning("volume unpublished without secrets: its record (if any) stays and no fencing is possible",
+                        extra=fields(volume=request.volume_id, node=request.node_id))
+            return csi_pb2.ControllerUnpublishVolumeResponse()
+        fence = self.nodes.out_of_service(request.node_id)
+        publisher.unpublish(request.volume_id, request.node_id, Credentials.from_secrets(request.secrets), fence)
+        return csi_pb2.ControllerUnpublishVolumeResponse()
+
+    def _publisher(self) -> Publisher:
+        if self.publisher is None:
+            raise Unimplemented("ControllerPublish/Unpublish are not enabled in this controller")
+        return self.publisher
+
+    @rpc
     def ControllerGetCapabilities(
         self, request: csi_pb2.ControllerGetCapabilitiesRequest, context: object
     ) -> csi_pb2.ControllerGetCapabilitiesResponse:
         return csi_pb2.ControllerGetCapabilitiesResponse(
-            capabilities=[csi_pb2.ControllerServiceCapability(rpc=_RPC(type=t)) for t in CAPABILITIES]
+            capabilities=[csi_pb2.ControllerServiceCapability(rpc=_RPC(type=t))
+                          for t in CAPABILITIES + (PUBLISH_CAPABILITIES if self.publisher is not None else ())]
         )

@@ -6,16 +6,16 @@ status subresource to `attached: true` (clearing attachError), add no finalizer,
 deletion of the VolumeAttachment as the completed detach. A driver that does advertise
 PUBLISH_UNPUBLISH_VOLUME needs the real handler (finalizers on the VolumeAttachment and PV,
 ControllerPublish/Unpublish, attachmentMetadata, attachError/detachError); it plugs in here as
-another `AttachStrategy`, which this driver does not need yet.
+another `AttachStrategy`: `publishing.PublishingAttach`, which the wiring picks when the controller
+advertises the capability (`publishes`).
 """
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from cephcsi._generated import csi_pb2
-from cephcsi.errors import Unimplemented
 from cephcsi.observability.logging import fields
 from cephcsi.sidecars import objects
 from cephcsi.sidecars.api import KubeApi
@@ -32,6 +32,15 @@ class AttachStrategy(Protocol):
     def sync(self, attachment: KubeObject) -> None:
         """Bring one VolumeAttachment of this driver to its desired state; raise to retry."""
         ...
+
+
+@runtime_checkable
+class VolumeFinalizing(Protocol):
+    """A strategy that also finalizes PVs (the publishing one): PV events reach it."""
+
+    def wants_volume(self, pv: Mapping[str, Any]) -> bool: ...
+
+    def sync_volume(self, pv: Mapping[str, Any], attachments: list[KubeObject]) -> None: ...
 
 
 class TrivialAttach:
@@ -53,11 +62,6 @@ class TrivialAttach:
             pv=(objects.spec(attachment).get("source") or {}).get("persistentVolumeName")))
 
 
-def choose(capabilities: Iterable[csi_pb2.ControllerServiceCapability], api: KubeApi) -> AttachStrategy:
-    types = {c.rpc.type for c in capabilities if c.HasField("rpc")}
-    if _RPC.PUBLISH_UNPUBLISH_VOLUME in types:
-        raise Unimplemented(
-            "the controller advertises PUBLISH_UNPUBLISH_VOLUME but the embedded attacher implements only the "
-            "trivial (no ControllerPublish) handler; run without --sidecars=attacher or add the publishing strategy"
-        )
-    return TrivialAttach(api)
+def publishes(capabilities: Iterable[csi_pb2.ControllerServiceCapability]) -> bool:
+    """Whether the controller advertises PUBLISH_UNPUBLISH_VOLUME (then the publishing strategy runs)."""
+    return _RPC.PUBLISH_UNPUBLISH_VOLUME in {c.rpc.type for c in capabilities if c.HasField("rpc")}

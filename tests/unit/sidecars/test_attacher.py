@@ -4,8 +4,7 @@ from __future__ import annotations
 import pytest
 
 from cephcsi._generated import csi_pb2
-from cephcsi.errors import Unimplemented
-from cephcsi.sidecars.attacher.strategy import TrivialAttach, choose
+from cephcsi.sidecars.attacher.strategy import TrivialAttach, publishes
 from cephcsi.sidecars.objects import KubeObject
 from tests.unit.sidecars.fixtures import FakeApi
 
@@ -26,13 +25,9 @@ def va(attached: bool = False, deleting: bool = False) -> KubeObject:
                                        "source": {"persistentVolumeName": "pvc-1"}}, "status": {"attached": attached}}
 
 
-def test_no_publish_capability_means_trivial() -> None:
-    assert isinstance(choose([cap(_RPC.CREATE_DELETE_VOLUME)], FakeApi()), TrivialAttach)  # type: ignore[arg-type]
-
-
-def test_publish_capability_is_not_silently_ignored() -> None:
-    with pytest.raises(Unimplemented, match="PUBLISH_UNPUBLISH_VOLUME"):
-        choose([cap(_RPC.PUBLISH_UNPUBLISH_VOLUME)], FakeApi())  # type: ignore[arg-type]
+def test_the_publish_capability_chooses_the_publishing_strategy() -> None:
+    assert not publishes([cap(_RPC.CREATE_DELETE_VOLUME)])
+    assert publishes([cap(_RPC.CREATE_DELETE_VOLUME), cap(_RPC.PUBLISH_UNPUBLISH_VOLUME)])
 
 
 def test_trivial_marks_attached_once() -> None:

@@ -1,0 +1,54 @@
+"""Read, set and remove RBD image metadata keys on the image header directly, one RADOS
+operation each.
+
+For the publish records (cephcsi.volumes.publish). cls_rbd keeps image metadata in the header
+object's omap as `metadata_<key>` → the value's bytes; librbd neither validates nor caches
+keys outside its `conf_` namespace, so a mapped client needs no header-update notice. A librbd
+open instead would cost ~15 RADOS operations, and a read-write open adds a watch that a
+concurrent DeleteVolume would take for a user of the image. Several keys are set (cls_rbd
+`metadata_set` takes a map) or removed (one omap op) atomically.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import rados
+
+from cephcsi.ceph import encoding, image_metadata, images, omap
+from cephcsi.ceph.errors import ceph_call
+from cephcsi.errors import NotFound
+
+_PREFIX = "metadata_"
+
+
+def image_id(io: rados.Ioctx, name: str) -> str:
+    found = images.lookup_id(io, name)
+    if not found:
+        raise NotFound(f"image {name!r} does not exist")
+    return found
+
+
+def read(io: rados.Ioctx, name: str, header_id: str) -> dict[str, str]:
+    """Every metadata key of the image; NotFound when its header is gone."""
+    with ceph_call("read image metadata", f"image {name!r}"):
+        try:
+            with rados.ReadOpCtx() as op:
+                # Only the metadata keys: other header keys may hold empty values.
+                items, _ = io.get_omap_vals(op, "", _PREFIX, -1)
+                io.operate_read_op(op, f"rbd_header.{header_id}")
+                raw = [(key, bytes(value or b"")) for key, value in items]
+        except rados.ObjectNotFound:
+            raise NotFound(f"image {name!r} does not exist") from None
+    return {key[len(_PREFIX):]: value.decode() for key, value in raw}
+
+
+def set_keys(io: rados.Ioctx, name: str, header_id: str, values: Mapping[str, str]) -> None:
+    """Set every key in one class call; NotFound when the header is gone."""
+    image_metadata.set_on_header(io, name, header_id, values)
+
+
+def remove_keys(io: rados.Ioctx, name: str, header_id: str, keys: Iterable[str]) -> None:
+    """Remove the keys in one operation (absent keys are no error); NotFound when the header is gone."""
+    wanted = tuple(_PREFIX + key for key in keys)
+    if wanted:
+        omap.remove_keys(io, f"rbd_header.{header_id}", wanted)

@@ -1,0 +1,205 @@
+"""external-attacher's real handler (pkg/controller/csi_handler.go), for a controller that
+advertises PUBLISH_UNPUBLISH_VOLUME.
+
+Attach (a VolumeAttachment of this driver, not being deleted, not yet attached): the
+attacher's finalizer on the VolumeAttachment, then on the PV, then ControllerPublishVolume
+(volume handle, the node's CSI node id, the PV's capability, volume attributes and secrets);
+success → status attached=true with attachmentMetadata = the publish context; failure →
+status.attachError and a retry with the per-item backoff.
+
+Detach (the VolumeAttachment being deleted, our finalizer on it): ControllerUnpublishVolume;
+success → status attached=false (markAsDetached) and then the finalizer removed, so the object
+never disappears looking attached; failure → status.detachError and a retry. The finalizer
+is what holds the attachment — and so the pod's move to another node — until the controller has
+released the node (and fenced it when it is out of service).
+
+A PV loses the attacher's finalizer once it is being deleted and no VolumeAttachment names it.
+
+Secrets: the PV's controllerPublishSecretRef as external-attacher; for PVs whose class named
+none (every PV ceph-csi's own manifests provisioned) the provisioner's secret the PV's deletion
+annotations name, then its nodeStageSecretRef: the controller needs some credentials to read and
+write the image's publish record.
+
+The finalizer is `attacher.cephcsi/<driver>`, not external-attacher's name: attachments that
+ceph-csi's csi-attacher finalized keep being finished and released by `legacy.LegacyTakeover`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from cephcsi._generated import csi_pb2
+from cephcsi.csi.controller import ControllerServicer
+from cephcsi.errors import CephCSIError, InvalidArgument, NotFound
+from cephcsi.kube.informer import Informer
+from cephcsi.observability.logging import fields
+from cephcsi.sidecars import objects
+from cephcsi.sidecars.attacher.api import AttacherApi
+from cephcsi.sidecars.calls import CsiCalls
+from cephcsi.sidecars.objects import KubeObject
+from cephcsi.sidecars.provisioner import names
+from cephcsi.sidecars.resizer.worker import volume_capability
+
+log = logging.getLogger(__name__)
+
+NODE_ID_ANNOTATION = "csi.volume.kubernetes.io/nodeid"
+"""On a Node: JSON {driver: node id}, written by the kubelet's plugin registration."""
+
+
+def finalizer_for(driver_name: str) -> str:
+    return "attacher.cephcsi/" + re.sub(r"[^a-zA-Z0-9-]", "-", driver_name).strip("-")
+
+
+def node_id_of(node_name: str, driver_name: str, csinodes: Informer | None, nodes: Informer | None) -> str:
+    """The node's CSI node id: its CSINode entry, the kubelet's annotation, else its name (the
+    node plugin's --nodeid defaults to the node name)."""
+    csinode = csinodes.get(node_name) if csinodes is not None else None
+    for driver in (objects.spec(csinode).get("drivers") or []) if csinode else []:
+        if driver.get("name") == driver_name and driver.get("nodeID"):
+            return str(driver["nodeID"])
+    node = nodes.get(node_name) if nodes is not None else None
+    raw = objects.annotations_of(node).get(NODE_ID_ANNOTATION) if node else None
+    if raw:
+        try:
+            found = json.loads(raw).get(driver_name)
+        except (ValueError, AttributeError):
+            found = None
+        if found:
+            return str(found)
+    return node_name
+
+
+class PublishingAttach:
+    name = "publishing"
+
+    def __init__(self, api: AttacherApi, driver_name: str, controller: ControllerServicer, calls: CsiCalls,
+                 volumes: Informer, *, csinodes: Informer | None = None, nodes: Informer | None = None,
+                 multi_writer: bool = True) -> None:
+        self.api = api
+        self.driver_name = driver_name
+        self.finalizer = finalizer_for(driver_name)
+        self.controller = controller
+        self.calls = calls
+        self.volumes = volumes
+        self.csinodes = csinodes
+        self.nodes = nodes
+        self.multi_writer = multi_writer
+
+    # ---- VolumeAttachments ---------------------------------------------------------------------
+
+    def sync(self, attachment: KubeObject) -> None:
+        if objects.deleting(attachment):
+            if objects.has_finalizer(attachment, self.finalizer):
+                self._detach(attachment)
+            return
+        if objects.status(attachment).get("attached") and objects.has_finalizer(attachment, self.finalizer):
+            return
+        self._attach(attachment)
+
+    def _attach(self, attachment: KubeObject) -> None:
+        name = objects.name(attachment)
+        pv = self._pv(attachment)
+        if not objects.has_finalizer(attachment, self.finalizer):
+            self.api.add_attachment_finalizer(name, self.finalizer)
+        if pv is not None and not objects.has_finalizer(pv, self.finalizer):
+            self.api.add_pv_finalizer(objects.name(pv), self.finalizer)
+        try:
+            request = self._publish_request(attachment, pv)
+            response = self.calls.run("ControllerPublishVolume", request.volume_id,
+                                      lambda: self.controller.ControllerPublishVolume(request, None))
+        except CephCSIError as error:
+            self.api.save_attach_error(name, str(error))
+            raise
+        self.api.mark_attached(name, dict(response.publish_context))
+        log.info("VolumeAttachment attached", extra=fields(
+            attachment=name, node=objects.spec(attachment).get("nodeName"), volume=request.volume_id))
+
+    def _detach(self, attachment: KubeObject) -> None:
+        name = objects.name(attachment)
+        spec = objects.spec(attachment)
+        csi = self._csi_source(attachment, self._pv(attachment))
+        if csi is not None:
+            request = csi_pb2.ControllerUnpublishVolumeRequest(
+                volume_id=str(csi.get("volumeHandle") or ""),
+                node_id=node_id_of(str(spec.get("nodeName") or ""), self.driver_name, self.csinodes, self.nodes),
+                secrets=self._secrets(csi, self._pv(attachment)))
+            try:
+                self.calls.run("ControllerUnpublishVolume", request.volume_id,
+                               lambda: self.controller.ControllerUnpublishVolume(request, None))
+            except CephCSIError as error:
+                self.api.save_detach_error(name, str(error))
+                raise
+        # markAsDetached: status first, then the finalizer.
+        self.api.mark_detached(name)
+        self.api.remove_attachment_finalizer(name, self.finalizer)
+        log.info("VolumeAttachment detached", extra=fields(attachment=name, node=spec.get("nodeName")))
+
+    # ---- PersistentVolumes ---------------------------------------------------------------------
+
+    def wants_volume(self, pv: Mapping[str, Any]) -> bool:
+        return objects.has_finalizer(pv, self.finalizer)
+
+    def sync_volume(self, pv: Mapping[str, Any], attachments: list[KubeObject]) -> None:
+        if not objects.has_finalizer(pv, self.finalizer) or not objects.deleting(pv) or attachments:
+            return
+        self.api.remove_pv_finalizer(objects.name(pv), self.finalizer)
+        log.info("attacher finalizer removed from PV", extra=fields(pv=objects.name(pv)))
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def _pv(self, attachment: KubeObject) -> KubeObject | None:
+        pv_name = (objects.spec(attachment).get("source") or {}).get("persistentVolumeName")
+        return self.volumes.get(str(pv_name)) if pv_name else None
+
+    @staticmethod
+    def _csi_source(attachment: KubeObject, pv: KubeObject | None) -> Mapping[str, Any] | None:
+        if pv is not None:
+            return objects.spec(pv).get("csi")
+        inline = (objects.spec(attachment).get("source") or {}).get("inlineVolumeSpec") or {}
+        return inline.get("csi")
+
+    def _publish_request(self, attachment: KubeObject, pv: KubeObject | None) -> csi_pb2.ControllerPublishVolumeRequest:
+        spec = objects.spec(attachment)
+        pv_name = (spec.get("source") or {}).get("persistentVolumeName")
+        if pv is None and pv_name:
+            raise NotFound(f'PersistentVolume "{pv_name}" of VolumeAttachment "{objects.name(attachment)}" is not '
+                           "in the cache yet (or was deleted); retrying")
+        csi = self._csi_source(attachment, pv)
+        if csi is None:
+            raise InvalidArgument(f'VolumeAttachment "{objects.name(attachment)}" names no CSI volume')
+        source: KubeObject = pv if pv is not None else {"spec": (spec.get("source") or {}).get("inlineVolumeSpec")}
+        return csi_pb2.ControllerPublishVolumeRequest(
+            volume_id=str(csi.get("volumeHandle") or ""),
+            node_id=node_id_of(str(spec.get("nodeName") or ""), self.driver_name, self.csinodes, self.nodes),
+            volume_capability=volume_capability(source, self.multi_writer),
+            readonly=bool(csi.get("readOnly")),
+            secrets=self._secrets(csi, pv),
+            volume_context={str(k): str(v) for k, v in (csi.get("volumeAttributes") or {}).items()},
+        )
+
+    def secrets_of_volume(self, pv: KubeObject) -> dict[str, str]:
+        return self._secrets(objects.spec(pv).get("csi") or {}, pv)
+
+    def _secrets(self, csi: Mapping[str, Any], pv: KubeObject | None) -> dict[str, str]:
+        refs: list[tuple[str, str]] = []
+        for field in ("controllerPublishSecretRef",):
+            ref = csi.get(field) or {}
+            if ref.get("name"):
+                refs.append((str(ref.get("namespace") or "default"), str(ref["name"])))
+        annotations = objects.annotations_of(pv) if pv is not None else {}
+        if annotations.get(names.ANN_DELETION_SECRET_NAME):
+            refs.append((str(annotations.get(names.ANN_DELETION_SECRET_NAMESPACE) or "default"),
+                         str(annotations[names.ANN_DELETION_SECRET_NAME])))
+        ref = csi.get("nodeStageSecretRef") or {}
+        if ref.get("name"):
+            refs.append((str(ref.get("namespace") or "default"), str(ref["name"])))
+        if not refs:
+            return {}
+        namespace, name = refs[0]
+        try:
+            return self.api.read_secret(namespace, name)
+        except NotFound:
+            raise NotFound(f'secret "{namespace}/{name}" for ControllerPublish/Unpublish not found') from None

@@ -1,0 +1,285 @@
+"""ControllerPublish/Unpublish records and fencing, in ceph-csi's image-metadata keys.
+
+Which node holds a volume is recorded on the image itself, in the keys ceph-csi (>= 3.15)
+uses, so a volume published by either driver is understood by the other:
+
+- `.rbd.csi.ceph.com/clientaddress/<volume id>/<node id>` → the node's Ceph client address
+  (its IP), or '' until the node reported it (ceph-csi's node plugin writes it at NodeStage);
+- `.rbd.csi.ceph.com/userid/<volume id>/<node id>` → the cephx user the volume was published with;
+- read too: `.rbd.csi.ceph.com/clientAddress/<node id>`, the form of ceph-csi's first 3.15
+  builds (no volume id: a clone copies its parent's metadata, so those keys may be inherited).
+
+The volume id in the key keeps a clone's copy of its parent's keys from naming a holder of the
+clone. The key's presence is the record ("published to that node"); a second read-write
+publish of a single-node volume to another node is refused while one exists.
+
+Fencing (unpublish of a node Kubernetes marked `node.kubernetes.io/out-of-service`): each
+address known for that node — the recorded one, and the image's current watchers when no other
+node holds the volume — is written to the pool's fence ledger (`csi.fenced` omap:
+`<node id>/<address>` → volume id) and then blocklisted with an expiry, and only then are the
+node's keys removed; the caller releases the attachment after that. A crash between any two
+steps leaves a state the retry finishes (the ledger entry and blocklist add are idempotent).
+`unfence` reverses it from the ledger when the node is back.
+
+Concurrency: calls on one volume are serialised in this process (ABORTED for the second); only
+the leader's attacher calls them, so two processes do not race on one volume.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+import rados
+
+from cephcsi.ceph import blocklist, header_metadata, images, omap
+from cephcsi.ceph.connection import ConnectionCache, Session
+from cephcsi.ceph.credentials import Credentials
+from cephcsi.config.clusters import ClusterRegistry
+from cephcsi.errors import FailedPrecondition, InvalidArgument, NotFound
+from cephcsi.locks import KeyLocks
+from cephcsi.observability.logging import fields
+from cephcsi.volumes import failpoints
+from cephcsi.volumes.journal import Record
+from cephcsi.volumes.volume_id import MalformedId, VolumeId
+
+log = logging.getLogger(__name__)
+
+ADDRESS_PREFIX = ".rbd.csi.ceph.com/clientaddress/"
+USER_PREFIX = ".rbd.csi.ceph.com/userid/"
+EARLY_ADDRESS_PREFIX = ".rbd.csi.ceph.com/clientAddress/"
+FENCE_LEDGER = "csi.fenced"
+FENCE_SECONDS = 365 * 24 * 3600
+"""Blocklist expiry (ceph-csi's: one year). Long enough to outlast any outage; `unfence`
+removes the entries when the node is back."""
+MAX_NODE_ID = 253
+_NODE_ID = re.compile(r"^[^/\s\x00]+$")
+
+
+def address_key(volume_id: str, node_id: str) -> str:
+    return f"{ADDRESS_PREFIX}{volume_id}/{node_id}"
+
+
+def user_key(volume_id: str, node_id: str) -> str:
+    return f"{USER_PREFIX}{volume_id}/{node_id}"
+
+
+def early_address_key(node_id: str) -> str:
+    return f"{EARLY_ADDRESS_PREFIX}{node_id}"
+
+
+def check_node_id(node_id: str) -> None:
+    if not node_id:
+        raise InvalidArgument("node_id is required (the node's id from NodeGetInfo)")
+    if len(node_id) > MAX_NODE_ID or not _NODE_ID.match(node_id):
+        raise InvalidArgument(f"node_id {node_id[:80]!r} is not a node id this driver issues (NodeGetInfo answers "
+                              f"the node name: at most {MAX_NODE_ID} characters, no '/' or whitespace)")
+
+
+def holders(metadata: Mapping[str, str], volume_id: str) -> dict[str, str]:
+    """Nodes the metadata records as holding the volume → their address ('' when not reported)."""
+    found: dict[str, str] = {}
+    own = f"{ADDRESS_PREFIX}{volume_id}/"
+    for key, value in metadata.items():
+        if key.startswith(own):
+            node = key[len(own):]
+        elif key.startswith(EARLY_ADDRESS_PREFIX):
+            node = key[len(EARLY_ADDRESS_PREFIX):]
+        else:
+            continue
+        if node and (value or node not in found):
+            found[node] = value
+    return found
+
+
+def node_keys(metadata: Mapping[str, str], volume_id: str, node_id: str) -> list[str]:
+    wanted = {address_key(volume_id, node_id), user_key(volume_id, node_id), early_address_key(node_id)}
+    return sorted(k for k in metadata if k in wanted)
+
+
+class RecordReader(Protocol):
+    """VolumeManager.read_record: a volume's journal record, wherever ceph-csi put it."""
+
+    def __call__(self, session: Session, io: rados.Ioctx, pool: str, uuid: str) -> Record | None: ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """The image a volume id names, with its header id."""
+
+    volume_id: VolumeId
+    pool: str
+    record: Record
+    header_id: str
+
+
+class Publisher:
+    def __init__(self, clusters: ClusterRegistry, connections: ConnectionCache, read_record: RecordReader,
+                 fence_seconds: int = FENCE_SECONDS, mon_timeout: float = 10.0) -> None:
+        self.clusters = clusters
+        self.connections = connections
+        self.read_record = read_record
+        self.fence_seconds = fence_seconds
+        self.mon_timeout = mon_timeout
+        self.locks = KeyLocks("volume")
+
+    def publish(self, volume_id: str, node_id: str, single_node: bool, credentials: Credentials) -> None:
+        check_node_id(node_id)
+        parsed = _decode(volume_id)
+        with self.locks.hold(volume_id), self._session(parsed, credentials) as session:
+            target = self._target(session, parsed)
+            if target is None:
+                raise NotFound(f"volume {volume_id!r} does not exist")
+            with session.ioctx(target.pool) as io:
+                metadata = header_metadata.read(io, target.record.image_name, target.header_id)
+                held = holders(metadata, volume_id)
+                if node_id in held:
+                    return  # published already: idempotent
+                others = sorted(n for n in held if n != node_id)
+                if single_node and others:
+                    raise FailedPrecondition(
+                        f"volume {volume_id!r} is published to node {', '.join(others)} and its access mode allows "
+                        f"one node only; it can be published to {node_id!r} once Kubernetes detached it from there "
+                        "(the pod there is gone). If that node is lost, mark it out of service: kubectl taint nodes "
+                        f"{others[0]} node.kubernetes.io/out-of-service=nodeshutdown:NoExecute "
+                        "(docs/troubleshooting.md, Node loss)")
+                failpoints.reach("publish.before-record")
+                header_metadata.set_keys(io, target.record.image_name, target.header_id, {
+                    address_key(volume_id, node_id): "", user_key(volume_id, node_id): credentials.user_id})
+        log.info("volume published", extra=fields(volume=volume_id, node=node_id, image=target.record.image_name))
+
+    def unpublish(self, volume_id: str, node_id: str, credentials: Credentials, fence: bool) -> list[str]:
+        """Clear the node's record; with `fence`, blocklist its clients first. Returns the
+        addresses blocklisted. A volume that is gone counts as unpublished."""
+        check_node_id(node_id)
+        try:
+            parsed = VolumeId.decode(volume_id)
+        except MalformedId:
+            return []
+        with self.locks.hold(volume_id), self._session(parsed, credentials) as session:
+            target = self._target(session, parsed)
+            if target is None:
+                return []
+            with session.ioctx(target.pool) as io:
+                try:
+                    metadata = header_metadata.read(io, target.record.image_name, target.header_id)
+                except NotFound:
+                    return []
+                fenced = self._fence(session, io, target, metadata, node_id) if fence else []
+                keys = node_keys(metadata, volume_id, node_id)
+                if keys:
+                    header_metadata.remove_keys(io, target.record.image_name, target.header_id, keys)
+        log.info("volume unpublished", extra=fields(volume=volume_id, node=node_id, fenced=fenced))
+        return fenced
+
+    def unfence(self, cluster_id: str, pool: str, node_id: str, credentials: Credentials) -> list[str]:
+        """Remove the blocklist entries the ledger of `pool` holds for `node_id`, then those
+        ledger entries. Returns the addresses unblocked."""
+        check_node_id(node_id)
+        cluster = self.clusters.get(cluster_id)
+        with self.connections.session(cluster, credentials) as session, session.ioctx(pool) as io:
+            ledger = omap.read(io, FENCE_LEDGER) or {}
+            mine = sorted(k for k in ledger if k.startswith(node_id + "/"))
+            for key in mine:
+                blocklist.remove(session.rados, key[len(node_id) + 1:], self.mon_timeout)
+            failpoints.reach("unfence.after-blocklist")
+            if mine:
+                omap.remove_keys(io, FENCE_LEDGER, tuple(mine))
+        return [k[len(node_id) + 1:] for k in mine]
+
+    def fenced(self, cluster_id: str, pool: str, credentials: Credentials) -> dict[str, str]:
+        """The pool's fence ledger: `<node id>/<address>` → volume id."""
+        cluster = self.clusters.get(cluster_id)
+        with self.connections.session(cluster, credentials) as session, session.ioctx(pool) as io:
+            return omap.read(io, FENCE_LEDGER) or {}
+
+    # ---- steps ---------------------------------------------------------------------------------
+
+    def _fence(self, session: Session, io: rados.Ioctx, target: Target, metadata: Mapping[str, str],
+               node_id: str) -> list[str]:
+        volume_id = target.volume_id.encode()
+        held = holders(metadata, volume_id)
+        addresses = {held[node_id]} if held.get(node_id) else set()
+        if not (set(held) - {node_id}):
+            # Nobody else holds it: whoever watches the image is that node's client.
+            addresses |= {w for w in _watchers(io, target) if w}
+        if not addresses:
+            log.warning("node out of service but no Ceph client address is known for it on this volume; nothing "
+                        "to blocklist (it never staged the volume, or its node plugin did not report the address)",
+                        extra=fields(volume=volume_id, node=node_id))
+            return []
+        entries = {f"{node_id}/{blocklist.normalise(a)}": volume_id for a in sorted(addresses)}
+        # The ledger first: a crash after the blocklist must still leave what unfence undoes.
+        _ledger_add(io, entries)
+        for address in sorted(addresses):
+            blocklist.add(session.rados, address, self.fence_seconds, self.mon_timeout)
+        failpoints.reach("unpublish.after-blocklist")
+        return sorted(blocklist.normalise(a) for a in addresses)
+
+    def _session(self, volume_id: VolumeId, credentials: Credentials) -> AbstractContextManager[Session]:
+        return self.connections.session(self.clusters.get(volume_id.cluster_id), credentials)
+
+    def _target(self, session: Session, volume_id: VolumeId) -> Target | None:
+        pool = session.pool_name(volume_id.pool_id)
+        if pool is None:
+            return None
+        with session.ioctx(pool) as io:
+            record = self.read_record(session, io, pool, volume_id.object_uuid)
+            if record is None:
+                return None
+            header_id = record.image_id or _lookup_id(io, record.image_name)
+            if not header_id:
+                return None
+            return Target(volume_id, pool, record, header_id)
+
+
+def _decode(volume_id: str) -> VolumeId:
+    try:
+        return VolumeId.decode(volume_id)
+    except MalformedId:
+        raise NotFound(f"volume {volume_id!r} does not exist (not an id issued by this driver)") from None
+
+
+def _lookup_id(io: rados.Ioctx, name: str) -> str:
+    try:
+        return header_metadata.image_id(io, name)
+    except NotFound:
+        return ""
+
+
+def _watchers(io: rados.Ioctx, target: Target) -> list[str]:
+    info = images.stat(io, target.record.image_name, with_watchers=True)
+    return [str(w) for w in (info.watchers if info is not None else ())]
+
+
+def _ledger_add(io: rados.Ioctx, entries: dict[str, str]) -> None:
+    if not omap.create_exclusive(io, FENCE_LEDGER, entries):
+        omap.update(io, FENCE_LEDGER, entries)
+
+
+class NodeDirectory(Protocol):
+    """What the controller knows about nodes (Kubernetes, or the process's own node)."""
+
+    def exists(self, node_id: str) -> bool | None:
+        """Whether a node with this id runs the node plugin; None when this process cannot tell."""
+        ...
+
+    def out_of_service(self, node_id: str) -> bool:
+        """Whether the node carries `node.kubernetes.io/out-of-service` (fence it on unpublish)."""
+        ...
+
+
+@dataclass(frozen=True)
+class LocalNodes:
+    """Without Kubernetes: the node ids this process serves itself (--mode=all), else none known."""
+
+    own: frozenset[str] = frozenset()
+
+    def exists(self, node_id: str) -> bool | None:
+        return (node_id in self.own) if self.own else None
+
+    def out_of_service(self, node_id: str) -> bool:
+        return False
