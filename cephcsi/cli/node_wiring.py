@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from cephcsi.node import devices, exec as node_exec, mounts
+from cephcsi.node.client_address import AddressReporter
 from cephcsi.node.crush_location import CrushLocator
 from cephcsi.node.expander import NodeExpander
 from cephcsi.node.mappers.base import FUSE, KRBD, NBD, Mapper
@@ -51,4 +52,5 @@ def build_node_service(config: NodeConfig, runner: node_exec.Runner = node_exec.
         expander=expander,
         # Started by the process (cli.main), not here: tests build services without threads.
         loop_follower=LoopCapacityFollower(fuse.root, runner, config.command_timeout),
+        addresses=AddressReporter(config.node_id, runner, config.command_timeout),
     ))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from cephcsi.errors import NotFound
 from cephcsi.locks import KeyLocks
 from cephcsi.node import mounts, stage_record, stats
+from cephcsi.node.client_address import AddressReporter
 from cephcsi.node.expander import NodeExpander, NodeExpandRequest
 from cephcsi.node.mappers.fuse_capacity import LoopCapacityFollower
 from cephcsi.node.mappers.select import MapperChoice
@@ -54,6 +55,8 @@ class NodeParts:
     publisher: Publisher
     expander: NodeExpander
     loop_follower: LoopCapacityFollower
+    addresses: AddressReporter | None = None
+    """Reports the node's Ceph client address for fencing (cephcsi.node.client_address)."""
 
 
 class NodeService:
@@ -65,6 +68,7 @@ class NodeService:
         self.publisher = parts.publisher
         self.expander = parts.expander
         self.loop_follower = parts.loop_follower
+        self.addresses = parts.addresses
         self.volume_locks = KeyLocks("volume")
         self.path_locks = KeyLocks("path")
         self.backing_check = stats.BackingCheck()
@@ -78,6 +82,8 @@ class NodeService:
 
     def stage(self, request: StageRequest) -> None:
         with self._locked(request.volume_id, request.staging_path):
+            if self.addresses is not None:
+                self.addresses.report(request)  # before the map: a node lost right after it is known
             self.stager.stage(request)
 
     def unstage(self, volume_id: str, staging_path: str) -> None:

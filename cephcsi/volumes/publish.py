@@ -6,6 +6,8 @@ uses, so a volume published by either driver is understood by the other:
 - `.rbd.csi.ceph.com/clientaddress/<volume id>/<node id>` → the node's Ceph client address
   (its IP), or '' until the node reported it (ceph-csi's node plugin writes it at NodeStage);
 - `.rbd.csi.ceph.com/userid/<volume id>/<node id>` → the cephx user the volume was published with;
+- the node's address when the key holds none: what cephcsi's node plugin reported in the pool's
+  `cephcsi.node-addresses` omap (cephcsi.node.client_address);
 - read too: `.rbd.csi.ceph.com/clientAddress/<node id>`, the form of ceph-csi's first 3.15
   builds (no volume id: a clone copies its parent's metadata, so those keys may be inherited).
 
@@ -52,6 +54,9 @@ ADDRESS_PREFIX = ".rbd.csi.ceph.com/clientaddress/"
 USER_PREFIX = ".rbd.csi.ceph.com/userid/"
 EARLY_ADDRESS_PREFIX = ".rbd.csi.ceph.com/clientAddress/"
 FENCE_LEDGER = "csi.fenced"
+NODE_ADDRESSES = "cephcsi.node-addresses"
+"""Omap object per pool: node id → the Ceph client address its node plugin reported
+(cephcsi.node.client_address); read when the per-volume key holds none."""
 FENCE_SECONDS = 365 * 24 * 3600
 """Blocklist expiry (ceph-csi's: one year). Long enough to outlast any outage; `unfence`
 removes the entries when the node is back."""
@@ -203,6 +208,9 @@ class Publisher:
         volume_id = target.volume_id.encode()
         held = holders(metadata, volume_id)
         addresses = {held[node_id]} if held.get(node_id) else set()
+        if not addresses:
+            reported = (omap.read(io, NODE_ADDRESSES, (node_id,)) or {}).get(node_id)
+            addresses = {reported} if reported else set()
         if not (set(held) - {node_id}):
             # Nobody else holds it: whoever watches the image is that node's client.
             addresses |= {w for w in _watchers(io, target) if w}
