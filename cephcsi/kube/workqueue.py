@@ -1,5 +1,5 @@
 """Work queue of keys with de-duplication, per-key exclusivity, delayed and rate-limited adds,
-and a fixed pool of worker threads.
+and an elastic pool of worker threads.
 
 Semantics (those of client-go's rate-limiting work queue, which the sidecars are built on):
 - A key waiting in the queue is there once however often it is added ("dirty" set).
@@ -66,6 +66,12 @@ class WorkQueue(Generic[K]):
         self._retries = WORKQUEUE_RETRIES.labels(name)
         self._work_duration = WORKQUEUE_WORK_DURATION.labels(name)
         self._queue_duration = WORKQUEUE_QUEUE_DURATION.labels(name)
+        self._on_ready: Callable[[], None] | None = None
+
+    def on_ready(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (outside the queue's lock) whenever a key becomes ready to take: how an
+        elastic worker pool learns it may need another thread."""
+        self._on_ready = callback
 
     # ---- adding ---------------------------------------------------------------------------------
 
@@ -82,6 +88,8 @@ class WorkQueue(Generic[K]):
             self._queue.append(key)
             self._depth.set(len(self._queue))
             self._cond.notify()
+        if self._on_ready is not None:
+            self._on_ready()
 
     def add_after(self, key: K, delay: float) -> None:
         """Queue key after `delay` seconds (at once if delay <= 0)."""
@@ -148,11 +156,14 @@ class WorkQueue(Generic[K]):
         with self._cond:
             self._processing.discard(key)
             started = self._started_at.pop(key, None)
-            if key in self._dirty:  # shut_down() empties _dirty, draining keeps it
+            requeued = key in self._dirty  # shut_down() empties _dirty, draining keeps it
+            if requeued:
                 self._queue.append(key)
                 self._depth.set(len(self._queue))
                 self._cond.notify()
             self._cond.notify_all()  # wakes shut_down_with_drain
+        if requeued and self._on_ready is not None:
+            self._on_ready()
         if started is not None:
             self._work_duration.observe(time.monotonic() - started)
 
@@ -236,14 +247,22 @@ class WorkQueue(Generic[K]):
 
 
 class Workers(Generic[K]):
-    """A fixed pool of threads taking keys from a queue and calling `process(key)`.
+    """A pool of at most `count` threads taking keys from a queue and calling `process(key)`.
+
+    The pool is elastic: one thread waits while the queue is idle; a worker that takes a key while
+    more keys wait and no other worker is idle starts one more (up to `count`), and a thread beyond
+    the first that finds nothing to do for `idle_timeout` seconds ends. So `count` (the sidecars'
+    --worker-threads, 100 by default) bounds the concurrent calls as before, but an idle leader
+    holds a few threads instead of hundreds, and a burst is served at full width within
+    microseconds per thread.
 
     `process` returning normally → the key's backoff is forgotten; raising → the key is re-added
     with rate limiting (logged at WARNING with the number of requeues). Either way the key is
     marked done, so a re-add during processing runs it again."""
 
     def __init__(self, work_queue: WorkQueue[K], process: Callable[[K], None], *, count: int,
-                 name: str | None = None, expected: tuple[type[BaseException], ...] = ()) -> None:
+                 name: str | None = None, expected: tuple[type[BaseException], ...] = (),
+                 idle_timeout: float = 30.0) -> None:
         if count < 1:
             raise ValueError("need at least one worker")
         self.queue = work_queue
@@ -252,16 +271,41 @@ class Workers(Generic[K]):
         self.name = name or work_queue.name
         self.expected = expected
         """Failures of these types explain themselves: logged without a traceback."""
+        self.idle_timeout = idle_timeout
+        self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._next_index = 0
+        self._started = False
 
     def start(self) -> None:
-        """Start the worker threads (once)."""
-        if self._threads:
+        """Start the first worker thread (once); more start as work queues up."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            self._spawn_locked(permanent=True)
+        self.queue.on_ready(self._grow_if_needed)
+
+    def _spawn_locked(self, *, permanent: bool = False) -> None:
+        index, self._next_index = self._next_index, self._next_index + 1
+        thread = threading.Thread(target=self._run, args=(permanent,), name=f"worker-{self.name}-{index}",
+                                  daemon=True)
+        self._threads.append(thread)
+        self._idle += 1  # counted idle from the start, so a burst does not start a thread per key
+        thread.start()
+
+    def _grow_if_needed(self) -> None:
+        """One more thread if keys wait and no worker is idle (called when a key becomes ready and
+        when a worker takes one)."""
+        if len(self.queue) == 0:
             return
-        for index in range(self.count):
-            thread = threading.Thread(target=self._run, name=f"worker-{self.name}-{index}", daemon=True)
-            self._threads.append(thread)
-            thread.start()
+        with self._lock:
+            if self._idle > 0 or not self._started or self.queue.shutting_down:
+                return
+            self._threads = [t for t in self._threads if t.is_alive()]
+            if len(self._threads) < self.count:
+                self._spawn_locked()
 
     def stop(self, *, drain: bool = False, timeout: float | None = None) -> bool:
         """Shut the queue down (draining it first if asked) and wait for the workers; True if
@@ -270,21 +314,30 @@ class Workers(Generic[K]):
         if drain:
             self.queue.shut_down_with_drain(timeout)
         self.queue.shut_down()
-        for thread in self._threads:
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in self._threads)
+        return not any(t.is_alive() for t in threads)
 
     def alive(self) -> int:
-        """Worker threads still running."""
-        return sum(t.is_alive() for t in self._threads)
+        """Worker threads running now."""
+        with self._lock:
+            return sum(t.is_alive() for t in self._threads)
 
-    def _run(self) -> None:
+    def _run(self, permanent: bool) -> None:
         while True:
-            key = self.queue.get()
-            if key is None:
-                if self.queue.shutting_down:
-                    return
-                continue
+            key = self.queue.get(None if permanent else self.idle_timeout)
+            with self._lock:
+                if key is None:
+                    # Shut down, or a surplus thread idle for idle_timeout: it ends, unless a key
+                    # arrived since its wait ended (the add saw it idle and started nobody).
+                    if self.queue.shutting_down or (not permanent and len(self.queue) == 0):
+                        self._idle -= 1
+                        return
+                    continue
+                self._idle -= 1
+            self._grow_if_needed()
             try:
                 self.process(key)
             except Exception as exc:  # noqa: BLE001 - every failure is retried with backoff
@@ -296,4 +349,5 @@ class Workers(Generic[K]):
                 self.queue.forget(key)
             finally:
                 self.queue.done(key)
-
+                with self._lock:
+                    self._idle += 1

@@ -332,3 +332,50 @@ def test_metrics_are_labelled_by_queue_name() -> None:
     q.add_rate_limited("c")
     assert sample("workqueue_retries_total") == 1
     q.shut_down()
+
+
+def test_workers_grow_with_queued_work_and_shrink_when_idle() -> None:
+    """One thread at rest; a burst of slow keys gets up to `count` threads working at once; once
+    idle the extra threads end and one stays; a key added while every thread is busy starts a
+    thread at once instead of waiting behind a slow key."""
+    queue: WorkQueue[int] = WorkQueue("elastic")
+    release = threading.Event()
+    running: set[int] = set()
+    peak = 0
+    lock = threading.Lock()
+
+    def process(key: int) -> None:
+        nonlocal peak
+        with lock:
+            running.add(key)
+            peak = max(peak, len(running))
+        release.wait(5)
+        with lock:
+            running.discard(key)
+
+    workers = Workers(queue, process, count=4, idle_timeout=0.2)
+    workers.start()
+    try:
+        assert workers.alive() == 1
+        queue.add(0)
+        deadline = time.monotonic() + 2
+        while 0 not in running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        queue.add(1)  # the only thread is busy on key 0: key 1 must not wait for it
+        while len(running) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert running == {0, 1}
+        for key in range(2, 10):
+            queue.add(key)
+        while len(running) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(running) == 4 and workers.alive() == 4  # never more than count
+        release.set()
+        while (len(queue) or queue.processing()) and time.monotonic() < deadline + 3:
+            time.sleep(0.01)
+        assert peak == 4 and len(queue) == 0
+        time.sleep(0.6)
+        assert workers.alive() == 1
+    finally:
+        release.set()
+        assert workers.stop(timeout=2)
