@@ -3,6 +3,7 @@
 a replica ready, or route to it, while its caches are still empty)."""
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -33,3 +34,18 @@ def test_readyz_is_not_200_before_the_informers_synced(start_controllers: StartC
     for status, body in answers:
         if status == 200:
             assert '"informers": "ok"' in body, body
+
+
+def test_an_idle_leader_runs_few_threads(start_controllers: StartControllers) -> None:
+    """Worker pools grow with work and shrink when idle: a leader with nothing to do holds a few
+    tens of threads (it held ~250 with --worker-threads' 100 per loop started up front)."""
+    controller = start_controllers()[0]
+    deadline = time.monotonic() + 120
+    while not controller.is_leader() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert controller.is_leader(), controller.log()[-3000:]
+    assert controller.process is not None
+    time.sleep(3)
+    threads = len(os.listdir(f"/proc/{controller.process.pid}/task"))
+    print(f"idle leader threads: {threads}")
+    assert threads <= 40, f"{threads} threads in an idle leader"
