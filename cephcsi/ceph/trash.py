@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import rados
 import rbd
 
-from cephcsi.ceph import encoding, images, imagestate
+from cephcsi.ceph import encoding, images, imagestate, watcher_owners
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.ceph.imagestate import TRASH, ImageState, TrashState
@@ -43,13 +43,25 @@ def require_unused(io: rados.Ioctx, name: str, image_id: str = "") -> None:
             return
     if not watchers:
         return
-    described = ", ".join(f"client.{w.get('id', '?')} at {w.get('addr', '?')}" for w in watchers)
+    phrases, all_fenced = watcher_owners.describe(io, name, image_id or _image_id(io, name),
+                                                  [dict(w) for w in watchers])
+    described = ", ".join(phrases)
+    if all_fenced:
+        raise FailedPrecondition(
+            f"image {name!r} is still watched by {described}: fenced clients (a node marked out of service); "
+            f"the OSDs drop their watches within the watch timeout ({WATCH_TIMEOUT_HINT}) — nothing to do but "
+            "retry, which the provisioner does by itself")
     raise FailedPrecondition(
         f"image {name!r} is open read-write by {len(watchers)} client(s): {described}. If the volume is "
         "mounted, delete the pods using it (or unmap it on that node) first. If that client crashed "
         f"(e.g. a driver or node process killed a moment ago), its watch expires after the OSD's watch "
-        f"timeout ({WATCH_TIMEOUT_HINT}) and a retry then succeeds"
+        f"timeout ({WATCH_TIMEOUT_HINT}) and a retry then succeeds. If that node is lost for good, mark it "
+        "out of service (docs/troubleshooting.md, Node loss): its clients are then blocklisted"
     )
+
+
+def _image_id(io: rados.Ioctx, name: str) -> str:
+    return images.lookup_id(io, name) or ""
 
 
 def move(io: rados.Ioctx, state: ImageState) -> None:

@@ -26,7 +26,7 @@ from cephcsi.errors import CephCSIError
 from cephcsi.node import exec as node_exec
 from cephcsi.node.requests import StageRequest
 from cephcsi.observability.logging import fields
-from cephcsi.volumes.publish import NODE_ADDRESSES
+from cephcsi.ceph.publish_keys import NODE_ADDRESSES
 
 log = logging.getLogger(__name__)
 

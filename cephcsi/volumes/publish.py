@@ -40,6 +40,7 @@ import rados
 from cephcsi.ceph import blocklist, header_metadata, images, omap
 from cephcsi.ceph.connection import ConnectionCache, Session
 from cephcsi.ceph.credentials import Credentials
+from cephcsi.ceph.publish_keys import ADDRESS_PREFIX, EARLY_ADDRESS_PREFIX, FENCE_LEDGER, NODE_ADDRESSES, USER_PREFIX
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.errors import FailedPrecondition, InvalidArgument, NotFound
 from cephcsi.locks import KeyLocks
@@ -50,13 +51,6 @@ from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
 log = logging.getLogger(__name__)
 
-ADDRESS_PREFIX = ".rbd.csi.ceph.com/clientaddress/"
-USER_PREFIX = ".rbd.csi.ceph.com/userid/"
-EARLY_ADDRESS_PREFIX = ".rbd.csi.ceph.com/clientAddress/"
-FENCE_LEDGER = "csi.fenced"
-NODE_ADDRESSES = "cephcsi.node-addresses"
-"""Omap object per pool: node id → the Ceph client address its node plugin reported
-(cephcsi.node.client_address); read when the per-volume key holds none."""
 FENCE_SECONDS = 365 * 24 * 3600
 """Blocklist expiry (ceph-csi's: one year). Long enough to outlast any outage; `unfence`
 removes the entries when the node is back."""

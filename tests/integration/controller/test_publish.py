@@ -18,10 +18,14 @@ from collections.abc import Callable
 
 import grpc
 import pytest
+import rbd
 
 from cephcsi._generated import csi_pb2
+from cephcsi.ceph import blocklist
+from cephcsi.ceph.publish_keys import FENCE_LEDGER, NODE_ADDRESSES
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.helpers import Mode, block_cap, create_request, image_of, mount_cap
+from tests.integration.controller.pool_state import admin_ioctx
 from tests.integration.driver import DriverProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
@@ -35,7 +39,7 @@ def image_meta(cluster: CephTestCluster, image: str) -> dict[str, str]:
     return dict(json.loads(out or "{}"))
 
 
-def blocklist(cluster: CephTestCluster) -> list[str]:
+def blocklist_entries(cluster: CephTestCluster) -> list[str]:
     """`ceph osd blocklist ls` (Pacific prints the entries' JSON list, then the range entries')."""
     text = cluster.admin("ceph", "osd", "blocklist", "ls", "--format", "json").strip() or "[]"
     entries, _ = json.JSONDecoder().raw_decode(text)
@@ -104,7 +108,7 @@ def test_multi_node_block_and_ceph_csi_early_keys(driver: DriverProcess, ceph_cl
         assert code == grpc.StatusCode.FAILED_PRECONDITION and "node-c" in details
         unpublish(driver, ceph_cluster, volume, "node-c")
         assert ".rbd.csi.ceph.com/clientAddress/node-c" not in image_meta(ceph_cluster, image)
-        assert "10.250.0.9" not in " ".join(blocklist(ceph_cluster)), "not out of service: no fencing"
+        assert "10.250.0.9" not in " ".join(blocklist_entries(ceph_cluster)), "not out of service: no fencing"
     finally:
         driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume, secrets=ceph_cluster.secrets))
 
@@ -182,7 +186,7 @@ def test_fencing_blocklists_the_node_and_a_kill_is_settled_by_the_retry(
         # Killed between the blocklist and the record's removal: blocklisted, record still there.
         killed = fence_call(config_file, secrets, "unpublish", volume, "lost-node", "unpublish.after-blocklist")
         assert killed.returncode == -9, killed.stderr[-2000:]
-        assert any(e.startswith(address) for e in blocklist(ceph_cluster))
+        assert any(e.startswith(address) for e in blocklist_entries(ceph_cluster))
         assert ADDRESS_KEY.format(volume=volume, node="lost-node") in image_meta(ceph_cluster, image)
         code, _ = code_of(lambda: publish(driver, ceph_cluster, volume, "new-node"))
         assert code == grpc.StatusCode.FAILED_PRECONDITION, "not released until the unpublish finished"
@@ -197,13 +201,64 @@ def test_fencing_blocklists_the_node_and_a_kill_is_settled_by_the_retry(
                           "lost-node")
         assert back.returncode == 0, back.stderr[-2000:]
         assert json.loads(back.stdout.strip().splitlines()[-1]) == [address]
-        assert not any(e.startswith(address) for e in blocklist(ceph_cluster))
+        assert not any(e.startswith(address) for e in blocklist_entries(ceph_cluster))
         again = fence_call(config_file, secrets, "unfence", f"{ceph_cluster.cluster_id}/{ceph_cluster.pool}",
                            "lost-node")
         assert json.loads(again.stdout.strip().splitlines()[-1]) == []
         unpublish(driver, ceph_cluster, volume, "new-node")
     finally:
-        for entry in blocklist(ceph_cluster):
+        for entry in blocklist_entries(ceph_cluster):
+            if entry.startswith("10.250.0."):
+                ceph_cluster.admin("ceph", "osd", "blocklist", "rm", entry)
+        driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume, secrets=ceph_cluster.secrets))
+
+
+def test_delete_refused_by_a_watcher_names_its_node_and_a_fenced_one_says_to_retry(
+        driver: DriverProcess, ceph_cluster: CephTestCluster) -> None:
+    volume = driver.controller.CreateVolume(create_request(ceph_cluster)).volume.volume_id
+    image = image_of(volume)
+    pool = ceph_cluster.pool
+    try:
+        with admin_ioctx(ceph_cluster) as io, rbd.Image(io, image):  # a read-write open watches the header
+            watcher = ceph_cluster.admin("rbd", "status", "--format", "json", f"{pool}/{image}")
+            address = json.loads(watcher)["watchers"][0]["address"]
+            ceph_cluster.admin("rados", "-p", pool, "setomapval", NODE_ADDRESSES, "node-w", blocklist.host_of(address))
+            code, details = code_of(lambda: driver.controller.DeleteVolume(
+                csi_pb2.DeleteVolumeRequest(volume_id=volume, secrets=ceph_cluster.secrets)))
+            assert code == grpc.StatusCode.FAILED_PRECONDITION and "(node node-w)" in details, details
+            assert "out of service" in details
+            # Fenced (the ledger says the controller blocklisted it): the message says it only has to wait.
+            ceph_cluster.admin("rados", "-p", pool, "setomapval", FENCE_LEDGER, f"node-w/{blocklist.host_of(address)}",
+                               volume)
+            code, details = code_of(lambda: driver.controller.DeleteVolume(
+                csi_pb2.DeleteVolumeRequest(volume_id=volume, secrets=ceph_cluster.secrets)))
+            assert code == grpc.StatusCode.FAILED_PRECONDITION and "node node-w, fenced" in details, details
+            assert "nothing to do but retry" in details
+    finally:
+        ceph_cluster.admin("rados", "-p", pool, "rmomapkey", NODE_ADDRESSES, "node-w")
+        for key in ceph_cluster.admin("rados", "-p", pool, "listomapkeys", FENCE_LEDGER).split():
+            if key.startswith("node-w/"):
+                ceph_cluster.admin("rados", "-p", pool, "rmomapkey", FENCE_LEDGER, key)
+        driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume, secrets=ceph_cluster.secrets))
+
+
+def test_fencing_uses_the_address_the_node_plugin_reported(driver: DriverProcess, ceph_cluster: CephTestCluster,
+                                                           config_file: str) -> None:
+    volume = driver.controller.CreateVolume(create_request(ceph_cluster)).volume.volume_id
+    pool, address = ceph_cluster.pool, "10.250.0.8"
+    try:
+        publish(driver, ceph_cluster, volume, "rep-node")  # the key holds '' (no ceph-csi node wrote it)
+        ceph_cluster.admin("rados", "-p", pool, "setomapval", NODE_ADDRESSES, "rep-node", address)
+        fenced = fence_call(config_file, fence_secrets(ceph_cluster), "unpublish", volume, "rep-node")
+        assert fenced.returncode == 0, fenced.stderr[-2000:]
+        assert json.loads(fenced.stdout.strip().splitlines()[-1]) == [address]
+        assert any(e.startswith(address) for e in blocklist_entries(ceph_cluster))
+        back = fence_call(config_file, fence_secrets(ceph_cluster), "unfence", f"{ceph_cluster.cluster_id}/{pool}",
+                          "rep-node")
+        assert json.loads(back.stdout.strip().splitlines()[-1]) == [address]
+    finally:
+        ceph_cluster.admin("rados", "-p", pool, "rmomapkey", NODE_ADDRESSES, "rep-node")
+        for entry in blocklist_entries(ceph_cluster):
             if entry.startswith("10.250.0."):
                 ceph_cluster.admin("ceph", "osd", "blocklist", "rm", entry)
         driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume, secrets=ceph_cluster.secrets))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cephcsi.ceph import blocklist
+from cephcsi.ceph import blocklist, publish_keys
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.errors import InvalidArgument
 from cephcsi.node.client_address import AddressReporter, monitor_endpoints, source_address
@@ -96,7 +96,7 @@ def test_the_node_reports_its_address_once_per_pool_without_the_key_in_argv() ->
     reporter.report(stage_request("other"))
     assert len(runner.calls) == 2
     argv = runner.calls[0].argv
-    assert argv[:2] == ["rados", "--id"] and argv[-4:] == ["setomapval", publish.NODE_ADDRESSES, "node-a", "127.0.0.1"]
+    assert argv[:2] == ["rados", "--id"] and argv[-4:] == ["setomapval", publish_keys.NODE_ADDRESSES, "node-a", "127.0.0.1"]
     assert "AQDsecretkey==" not in " ".join(argv)
     assert [mode for mode, _ in runner.calls[0].files.values()] == [0o600]
 
