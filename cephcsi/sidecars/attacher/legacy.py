@@ -9,12 +9,13 @@ with `attached: false` and `status.attachError`. It removes the PV finalizer onl
 being deleted and no VolumeAttachment names it, and the VA finalizer only after a successful
 ControllerUnpublish (markAsDetached: status first, then the finalizer).
 
-cephcsi's attacher is the trivial one (the node maps the image; ControllerPublish has nothing to
-do for RBD: ceph-csi's own implementation keeps no Ceph-side state), so once ceph-csi is gone
-nothing would ever remove that finalizer: detaches, pod moves and PV deletions would hang. Here:
+cephcsi's attacher runs the same real handler (publishing.PublishingAttach) under a finalizer of
+its own (`attacher.cephcsi/<driver>`), so once ceph-csi is gone nothing would ever remove ceph-csi's
+finalizer: detaches, pod moves and PV deletions would hang. Here:
 
-- a live attachment carrying it is made attached (the trivial strategy) and the finalizer is
-  dropped: detach is the object's deletion from then on, as for our own attachments;
+- a live attachment carrying it is made attached by the strategy (which also publishes it and
+  adds cephcsi's finalizer; the trivial strategy only marks it) and ceph-csi's finalizer is
+  dropped;
 - an attachment being deleted with it is finished as external-attacher finishes a detach
   (status attached=false, errors and metadata cleared, then the finalizer removed);
 - a PV of this driver carrying it loses it once no VolumeAttachment names the PV (the guard it
