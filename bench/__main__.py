@@ -1,3 +1,4 @@
 from bench.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not when a spawned worker (bench.scale_seed) re-imports the main module
+    raise SystemExit(main())

@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pvc-repeats", type=int, help="single-PVC create→Bound repeats in 4a (default 5; quick 2)")
     p.add_argument("--failover-graceful", type=int, help="SIGTERM failovers in 4b (default 3; quick 1)")
     p.add_argument("--failover-kill", type=int, help="SIGKILL failovers in 4b (default 2; quick 1)")
+    p.add_argument("--scale-claims", type=int, help="bound claims seeded by section 5 (default 5000; quick 200)")
+    p.add_argument("--scale-idle", type=float, help="seconds each side idles after sync in section 5 (default 60; quick 5)")
+    p.add_argument("--scale-rounds", type=int, help="interleaved cephcsi/Go starts per size in section 5 (default 2)")
     p.add_argument("--sections", default="", help=f"comma list to run (default all): {', '.join(names)}")
     p.add_argument("--profile", nargs="?", const="running", choices=("running", "gil"), default="",
                    help="record the controller with py-spy during section 1's first pass (profile-*.txt in the "
@@ -82,7 +85,12 @@ def options_from(args: argparse.Namespace) -> Options:
         "node_iterations": args.node_iterations, "sidecar_settle_s": args.sidecar_settle,
         "pvc_burst": args.pvc_burst, "pvc_repeats": args.pvc_repeats,
         "failover_graceful": args.failover_graceful, "failover_kill": args.failover_kill,
+        "scale_claims": args.scale_claims, "scale_idle_s": args.scale_idle, "scale_rounds": args.scale_rounds,
     }
+    if args.scale_claims is not None and args.scale_claims < 1:
+        raise SystemExit("bench: --scale-claims must be ≥ 1")
+    if args.scale_rounds is not None and args.scale_rounds < 1:
+        raise SystemExit("bench: --scale-rounds must be ≥ 1")
     if args.rounds is not None and args.rounds < 1:
         raise SystemExit("bench: --rounds must be ≥ 1")
     return dataclasses.replace(

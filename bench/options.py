@@ -38,6 +38,12 @@ class Options:
     """SIGTERM failovers in 4b."""
     failover_kill: int = 2
     """SIGKILL failovers in 4b (each waits out the 15 s lease)."""
+    scale_claims: int = 5000
+    """Bound claims (PVC + PV + attached VolumeAttachment each) the scale section seeds."""
+    scale_idle_s: float = 60.0
+    """Seconds each side of the scale section idles after its informers synced before /proc is read."""
+    scale_rounds: int = 2
+    """Interleaved cephcsi / Go stack starts per cluster size in the scale section."""
     drain_timeout_s: float = 300.0
     """Longest wait for the mgr to purge the trash between batches."""
     profile: str = ""
@@ -61,4 +67,5 @@ class Options:
 
 
 QUICK: dict[str, Any] = {"ops": 8, "rounds": 2, "concurrency": (1, 8), "warmup": 1, "node_iterations": 1, "sidecar_settle_s": 3.0,
-                         "pvc_burst": 10, "pvc_repeats": 2, "failover_graceful": 1, "failover_kill": 1}
+                         "pvc_burst": 10, "pvc_repeats": 2, "failover_graceful": 1, "failover_kill": 1,
+                         "scale_claims": 200, "scale_idle_s": 5.0}

@@ -15,6 +15,7 @@ from bench.sections import (
     node_ops,
     node_vm,
     resources,
+    scale,
     snapshots,
 )
 from bench.sections.base import Section
@@ -28,6 +29,7 @@ SECTIONS: tuple[Section, ...] = (
     kube_provisioning.SECTION,
     kube_failover.SECTION,
     snapshots.SECTION,
+    scale.SECTION,
 )
 
 
