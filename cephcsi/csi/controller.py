@@ -152,7 +152,6 @@ class ControllerServicer(SnapshotRpcs, ServicerBase, csi_pb2_grpc.ControllerServ
                 reason="static volume" if request.secrets else "no controller-publish secret"))
             return csi_pb2.ControllerPublishVolumeResponse()
         credentials = Credentials.from_secrets(request.secrets)
-        self.volumes.locate(request.volume_id, credentials)  # NOT_FOUND before the node check
         if self.nodes.exists(request.node_id) is False:
             raise NotFound(f"node {request.node_id!r} is not known: no node runs this driver's node plugin with that id")
         single_node = request.volume_capability.access_mode.mode in SINGLE_NODE_MODES
