@@ -196,7 +196,14 @@ def test_fencing_blocklists_the_node_and_a_kill_is_settled_by_the_retry(
         assert json.loads(retried.stdout.strip().splitlines()[-1]) == [address]
         assert not [k for k in image_meta(ceph_cluster, image) if "lost-node" in k]
         publish(driver, ceph_cluster, volume, "new-node")
-        # Node back: its entries go (from the pool's ledger), and only once.
+        # Node back; killed between the blocklist removal and the ledger's: the retry finishes it.
+        cut = fence_call(config_file, secrets, "unfence", f"{ceph_cluster.cluster_id}/{ceph_cluster.pool}",
+                         "lost-node", "unfence.after-blocklist")
+        assert cut.returncode == -9, cut.stderr[-2000:]
+        assert not any(e.startswith(address) for e in blocklist_entries(ceph_cluster))
+        assert any(k.startswith("lost-node/") for k in ceph_cluster.admin(
+            "rados", "-p", ceph_cluster.pool, "listomapkeys", FENCE_LEDGER).split())
+        # Its entries go (from the pool's ledger), and only once.
         back = fence_call(config_file, secrets, "unfence", f"{ceph_cluster.cluster_id}/{ceph_cluster.pool}",
                           "lost-node")
         assert back.returncode == 0, back.stderr[-2000:]
