@@ -53,6 +53,8 @@ def run(settings: Settings) -> int:
         # so the start-up log and cephcsi_node_mapper_info show it before any volume is staged.
         resolve_at_start(services.node.service.choice)
         services.node.service.loop_follower.start()
+        if services.node.service.nbd_healer is not None:
+            services.node.service.nbd_healer.start()
     lifetime = Lifetime()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -16,7 +16,9 @@ from cephcsi.node.mappers.fuse import FuseMapper
 from cephcsi.node.mappers.fuse_capacity import LoopCapacityFollower
 from cephcsi.node.mappers.krbd import KrbdMapper
 from cephcsi.node.mappers.nbd import NbdMapper
+from cephcsi.node.mappers.nbd_attachments import AttachmentStore
 from cephcsi.node.mappers.select import MapperChoice, NodeProbe, runner_modprobe
+from cephcsi.node.nbd_healer import NbdHealer
 from cephcsi.node.publisher import Publisher
 from cephcsi.node.service import NodeConfig, NodeParts, NodeService
 from cephcsi.node.stager import Stager
@@ -34,17 +36,18 @@ def build_node_service(config: NodeConfig, runner: node_exec.Runner = node_exec.
     mappers: dict[str, Mapper] = {
         KRBD: KrbdMapper(runner, config.command_timeout, devices.wait_for_device, config.device_timeout,
                          devices.udev_running),
-        NBD: NbdMapper(runner, config.command_timeout, devices.wait_for_device, config.device_timeout,
-                       log_dir=os.path.join(config.state_dir, "log")),
         FUSE: fuse,
     }
+    nbd = NbdMapper(runner, config.command_timeout, devices.wait_for_device, config.device_timeout,
+                    log_dir=os.path.join(config.state_dir, "log"), attachments=AttachmentStore(config.state_dir))
+    mappers[NBD] = nbd
     choice = MapperChoice(config.mounter, probe or NodeProbe(modprobe=runner_modprobe(runner)))
     expander = NodeExpander(mappers, runner, config.command_timeout, min(config.device_timeout, 10.0))
     crush = CrushLocator(labels, config.node_id, fallback_labels=config.read_affinity_labels)
     stager = Stager(mappers, choice, mounter, runner, config.command_timeout, config.kubelet_dir,
                     after_ready=expander.after_stage, before_mount=expander.before_mount,
                     crush_location=crush.location)
-    return NodeService(config, NodeParts(
+    service = NodeService(config, NodeParts(
         labels=labels,
         choice=choice,
         stager=stager,
@@ -54,3 +57,6 @@ def build_node_service(config: NodeConfig, runner: node_exec.Runner = node_exec.
         loop_follower=LoopCapacityFollower(fuse.root, runner, config.command_timeout),
         addresses=AddressReporter(config.node_id, runner, config.command_timeout),
     ))
+    # Started by the process (cli.main) too; it takes the service's volume locks.
+    service.nbd_healer = NbdHealer(nbd, service.volume_locks)
+    return service

@@ -21,6 +21,7 @@ from cephcsi.node.client_address import AddressReporter
 from cephcsi.node.expander import NodeExpander, NodeExpandRequest
 from cephcsi.node.mappers.fuse_capacity import LoopCapacityFollower
 from cephcsi.node.mappers.select import MapperChoice
+from cephcsi.node.nbd_healer import NbdHealer
 from cephcsi.node.publisher import Publisher
 from cephcsi.node.requests import PublishRequest, StageRequest
 from cephcsi.node.stager import Stager
@@ -72,6 +73,8 @@ class NodeService:
         self.volume_locks = KeyLocks("volume")
         self.path_locks = KeyLocks("path")
         self.backing_check = stats.BackingCheck()
+        # Re-attaches rbd-nbd devices after a restart (cephcsi.node.nbd_healer); set by node_wiring.
+        self.nbd_healer: NbdHealer | None = None
 
     @contextmanager
     def _locked(self, volume_id: str, path: str) -> Iterator[None]:

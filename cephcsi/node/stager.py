@@ -23,8 +23,9 @@ from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidA
 from cephcsi.node import devices, filesystems, legacy_stage, mounts, rederive, stage_record
 from cephcsi.node.exec import Runner
 from cephcsi.node.mappers import options as map_options, read_affinity
-from cephcsi.node.mappers.base import FUSE, KRBD, Mapper, MapRequest
+from cephcsi.node.mappers.base import FUSE, KRBD, NBD, Mapper, MapRequest
 from cephcsi.node.mappers.fuse import FuseMapper
+from cephcsi.node.mappers.nbd import NbdMapper
 from cephcsi.node.mappers.select import MapperChoice
 from cephcsi.node.requests import StageRequest
 from cephcsi.node.stage_record import ACCESS_BLOCK, ACCESS_MOUNT, BLOCK_FILE, FS_DIR, StageRecord
@@ -72,6 +73,8 @@ class Stager:
                 log.info("already staged", extra=fields(volume_id=request.volume_id, path=request.staging_path))
                 return
             complete_before = record.staged
+            if complete_before and record.mapper == NBD:
+                self._release_lost_device(record)
             log.info("resuming an incomplete stage", extra=fields(volume_id=request.volume_id, mapper=record.mapper))
         elif legacy_stage.staged_mount(request.staging_path, request.volume_id, self.read_mounts()) is not None:
             # ceph-csi staged it here before the switch (a kubelet restart re-stages): it is staged.
@@ -177,6 +180,8 @@ class Stager:
                     read_only=record.read_only,
                     work_dir=record.work_dir,
                     crush_location=self._crush_location(record, request, options),
+                    # Every read-write volume is single-node (multi-node access is read-only).
+                    exclusive=not record.read_only,
                 )
             )
             created.append("map")
@@ -252,6 +257,37 @@ class Stager:
             )
         mapper.unmap_recorded_loop(record)
         record.loop = None
+        stage_record.save(record)
+
+    def _release_lost_device(self, record: StageRecord) -> None:
+        """A complete rbd-nbd stage whose device lost its daemon for good (the plugin restarted and
+        the device could not be re-attached, cephcsi.node.nbd_healer): the staging mount reads a dead
+        device, and a map afresh may even get the same /dev/nbdX, under which the old mount would
+        look intact. Unmount it so the stage starts over from the map — unless pods still use it."""
+        mapper = self.mappers[record.mapper]
+        if not record.device or mapper.find(record) is not None:
+            return
+        if isinstance(mapper, NbdMapper) and mapper.reattach_pending(record.volume_id):
+            raise OperationInFlight(
+                f"the rbd-nbd device {record.device} of volume {record.volume_id} waits for the restarted plugin to "
+                "re-attach it; retry shortly"
+            )
+        table = self.read_mounts()
+        entry = mounts.top_mount(record.mount_path, table)
+        if entry is None or not self._mounted_from(record.device, record):
+            return
+        published = self._publications(entry, table)
+        if published:
+            raise FailedPrecondition(
+                f"volume {record.volume_id} lost its rbd-nbd device {record.device} (its daemon died with an earlier "
+                f"node plugin and could not be re-attached), and it is still published at {', '.join(published)}, "
+                "where its I/O fails. Restart the pods using it on this node: it is then unstaged and staged again"
+            )
+        log.warning("unmounting a staging mount whose rbd-nbd device is gone, to stage the volume again",
+                    extra=fields(volume_id=record.volume_id, device=record.device, path=record.mount_path))
+        self.mounter.unmount(record.mount_path)
+        record.device = ""
+        record.staged = False
         stage_record.save(record)
 
     def _mounted_from(self, device: str, record: StageRecord) -> str:

@@ -38,6 +38,9 @@ class MapRequest:
     crush_location: tuple[tuple[str, str], ...] = ()
     """This node's CRUSH location when the cluster's readAffinity is on: krbd maps with
     read_from_replica=localize there (mappers/read_affinity.py); the others ignore it, as ceph-csi's do."""
+    exclusive: bool = False
+    """A single-node volume: no other client may write the image while this node maps it
+    read-write (mappers/exclusive.py decides whether and how the mapper enforces it)."""
 
 
 class Mapper(Protocol):

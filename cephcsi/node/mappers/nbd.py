@@ -1,9 +1,10 @@
 """rbd-nbd: librbd in a userspace daemon behind the kernel nbd driver (`mounter: rbd-nbd`).
 
 Mapped with `rbd device map --device-type nbd`, which starts one rbd-nbd daemon per image.
-Limits: the daemon lives in the plugin's container; if the container restarts, I/O on the
-device stalls until the image is re-attached (ceph-csi re-attaches with cookies; this driver
-does not yet), so rbd-nbd suits nodes without krbd rather than being a default.
+Limits: the daemon lives in the plugin's container and dies when the container restarts. A
+netlink-bound device (below) waits for a new daemon, and the restarted plugin re-attaches one
+(cephcsi.node.nbd_healer, from the record nbd_attachments.py keeps); an ioctl-bound device fails
+its I/O from then on. So rbd-nbd suits nodes without krbd rather than being a default.
 
 How the device is bound to the kernel — ioctl (the default here) or netlink — is a trade-off:
   * ioctl (rbd-nbd without `try-netlink`): the daemon holds the device with NBD_DO_IT and sets
@@ -19,10 +20,12 @@ How the device is bound to the kernel — ioctl (the default here) or netlink �
     rbd-nbd logs "resize detected", the device keeps its old size): such a device takes a new
     size only when it is mapped again. NodeExpandVolume then answers FAILED_PRECONDITION saying
     so (`resize_blocked`), and the volume comes up at its new size when it is staged again.
-Since this driver does not re-attach, netlink's advantage is unused and its cost is online
-expansion, hence the ioctl default (ceph-csi maps with try-netlink). `reattach-timeout=300`
-stays a default: it only matters with try-netlink, where it is how long the kernel waits for a
-re-attaching daemon. User mapOptions with the same key replace a default.
+So each way keeps one promise: ioctl (the default here) grows online, netlink (ceph-csi's
+default) survives a plugin restart. A StorageClass chooses with `mapOptions: "nbd:try-netlink"`.
+`reattach-timeout=300` is a default: it only matters with try-netlink, where it is how long the
+kernel waits for a re-attaching daemon (the restarted plugin must come back within it). User
+mapOptions with the same key replace a default. Read-write maps of images with exclusive-lock
+add `exclusive` (mappers/exclusive.py).
 
 config.json's readAffinity is not applied here, as in ceph-csi (it adds its read-affinity
 options to krbd maps only); librbd's own `rbd_read_from_replica_policy` and `crush_location`
@@ -31,13 +34,21 @@ settings are the way for rbd-nbd, outside this driver.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Callable
 
-from cephcsi.node.exec import Runner
+from cephcsi.ceph.credentials import key_file
+from cephcsi.errors import Internal
+from cephcsi.node.exec import CommandFailed, Runner
 from cephcsi.node.mappers.base import NBD, MapRequest
+from cephcsi.node.mappers.nbd_attachments import Attachment, AttachmentStore
 from cephcsi.node.mappers.options import merge
-from cephcsi.node.mappers.rbd_cli import RbdDeviceMapper
+from cephcsi.node.mappers.rbd_cli import RbdDeviceMapper, image_args, translate
+from cephcsi.node.stage_record import StageRecord
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAP_OPTIONS = ["reattach-timeout=300"]
 _SYS_BLOCK = "/sys/block"
@@ -47,6 +58,7 @@ class NbdMapper(RbdDeviceMapper):
     name = NBD
     device_type = "nbd"
     image_field = "image"
+    exclusive_by_default = True
 
     def __init__(
         self,
@@ -55,23 +67,111 @@ class NbdMapper(RbdDeviceMapper):
         wait_for_device: Callable[[str, float], None],
         device_timeout: float,
         log_dir: str = "",
+        attachments: AttachmentStore | None = None,
+        sys_block: str = _SYS_BLOCK,
     ) -> None:
         super().__init__(runner, timeout, wait_for_device, device_timeout)
         self.log_dir = log_dir
+        self.attachments = attachments or AttachmentStore("")
+        self.sys_block = sys_block
 
     def map_options(self, request: MapRequest) -> list[str]:
         return merge(DEFAULT_MAP_OPTIONS, list(request.options))
 
-    def extra_map_args(self, request: MapRequest) -> list[str]:
+    def _log_file(self, volume_id: str) -> str:
         # The daemon outlives this call: give it a log file an admin can find, per volume.
         if not self.log_dir:
-            return []
-        name = hashlib.sha256(request.volume_id.encode()).hexdigest()[:16]
+            return ""
+        name = hashlib.sha256(volume_id.encode()).hexdigest()[:16]
         try:
             os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
         except OSError:
-            return []  # logging to the default place beats failing the map
-        return [f"--log-file={os.path.join(self.log_dir, f'rbd-nbd-{name}.log')}"]
+            return ""  # logging to the default place beats failing the map
+        return os.path.join(self.log_dir, f"rbd-nbd-{name}.log")
+
+    def extra_map_args(self, request: MapRequest) -> list[str]:
+        log_file = self._log_file(request.volume_id)
+        return [f"--log-file={log_file}"] if log_file else []
+
+    def mapped_new(self, request: MapRequest, device: str, options: list[str]) -> None:
+        cookie = backend(device, self.sys_block)
+        if not cookie:
+            return  # ioctl-bound: dies with its daemon, nothing to re-attach
+        self.attachments.save(Attachment(
+            volume_id=request.volume_id, pool=request.image.pool,
+            namespace=request.image.namespace, image=request.image.image, device=device, cookie=cookie,
+            monitors=request.monitors, options=options, read_only=request.read_only,
+            user_id=request.credentials.user_id, key=request.credentials.key,
+            log_file=self._log_file(request.volume_id),
+        ))
+
+    def unmap(self, record: StageRecord) -> None:
+        super().unmap(record)
+        attachment = self.attachments.load(record.volume_id)
+        if attachment is not None and self.waiting(attachment):
+            # Its daemon died and nobody re-attached: the kernel still holds the device for the
+            # rest of reattach-timeout. Disconnect it now rather than leave it to the timer.
+            self.detach_dead(attachment)
+        self.attachments.remove(record.volume_id)
+
+    # -- re-attach after a restart (cephcsi.node.nbd_healer) ----------------------------------
+
+    def waiting(self, attachment: Attachment) -> bool:
+        """The kernel holds our netlink-bound device without a daemon serving it."""
+        return backend(attachment.device, self.sys_block) == attachment.cookie and not self.served(attachment)
+
+    def reattach_pending(self, volume_id: str) -> bool:
+        """A re-attach record whose device still waits for a daemon (the healer's job)."""
+        attachment = self.attachments.load(volume_id)
+        return attachment is not None and not attachment.reattach_failed and self.waiting(attachment)
+
+    def served(self, attachment: Attachment) -> bool:
+        return self.device_of(attachment.image_spec) == attachment.device
+
+    def reattach(self, attachment: Attachment) -> None:
+        """A new rbd-nbd daemon on the waiting device, mapped as the first one was."""
+        what = f"re-attach {attachment.device} ({attachment.image_spec}) with {self.name}"
+        self.keys.check(attachment.credentials)
+        with key_file(attachment.credentials) as keyfile:
+            argv = ["rbd", "device", "attach", "--device-type", self.device_type, "--device", attachment.device,
+                    # the cookie proves the device is the one this image was mapped on (rbd refuses without)
+                    "--cookie", attachment.cookie, *image_args(attachment.image_spec), "--id", attachment.user_id, "-m", attachment.monitors,
+                    f"--keyfile={keyfile}"]
+            if attachment.log_file:
+                argv.append(f"--log-file={attachment.log_file}")
+            if attachment.read_only:
+                argv.append("--read-only")
+            if attachment.options:
+                argv += ["--options", ",".join(attachment.options)]
+            try:
+                self.run(argv, what=what, timeout=self.timeout, secrets=(attachment.key,))
+            except CommandFailed as error:
+                raise translate(error, what, attachment.image_spec) from None
+        if not self.served(attachment):
+            raise Internal(f"{what}: rbd-nbd exited 0 but does not list {attachment.device} as serving the image")
+        log.info("re-attached", extra=fields(volume_id=attachment.volume_id, device=attachment.device,
+                                             image=str(attachment.image_spec), mapper=self.name))
+
+    def detach_dead(self, attachment: Attachment) -> None:
+        what = f"disconnect {attachment.device} ({attachment.image_spec}), whose rbd-nbd daemon is gone"
+        try:
+            self.run(["rbd", "device", "unmap", "--device-type", self.device_type, attachment.device],
+                     what=what, timeout=self.timeout)
+        except CommandFailed as error:
+            # The kernel frees it when reattach-timeout ends; nothing reads or writes it meanwhile.
+            log.warning("could not disconnect a device without its daemon; the kernel frees it when "
+                        "reattach-timeout ends", extra=fields(device=attachment.device, error=str(error)))
+
+
+def backend(device: str, sys_block: str = _SYS_BLOCK) -> str:
+    """The backend identifier of a netlink-bound nbd device (rbd-nbd's cookie), '' for an
+    ioctl-bound or unbound one."""
+    name = os.path.basename(os.path.realpath(device))
+    try:
+        with open(os.path.join(sys_block, name, "backend"), encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
 
 
 def netlink_bound(device: str, sys_block: str = _SYS_BLOCK) -> bool:

@@ -24,6 +24,7 @@ from cephcsi.errors import (
     translate_by,
 )
 from cephcsi.node.exec import CommandFailed, Runner, tail
+from cephcsi.node.mappers import exclusive
 from cephcsi.node.mappers.base import MapRequest
 from cephcsi.node.mappers.tool_keys import ToolKeys
 from cephcsi.node.stage_record import ImageSpec, StageRecord
@@ -82,6 +83,12 @@ TABLE: tuple[Rule, ...] = (
     Rule(FailedPrecondition, "{what}: this node's kernel RBD client does not support all features of image "
          "{image}; disable them on the image as the message says, or use mounter rbd-nbd ({message})",
          phrases=("feature set mismatch",)),
+    # An `exclusive` map (mappers/exclusive.py) while another client holds the image's lock, which
+    # refuses to hand it over (EROFS): the volume is written elsewhere.
+    Rule(FailedPrecondition, "{what}: another Ceph client holds the exclusive lock of image {image} and keeps it, "
+         "so the volume is in use read-write elsewhere (another node, or a hand-run map); `rbd status` and "
+         "`rbd lock ls` on the image name that client. Stop it there first ({message})",
+         phrases=("failed to acquire exclusive lock", "failed to request exclusive lock")),
     Rule(NotFound, "{what}: image {image} does not exist", errnos=frozenset({2}),
          phrases=("error opening image", "does not exist", "image not found")),
     Rule(PermissionDenied, "{what}: Ceph refused the credentials or their caps: {message}", errnos=frozenset({1, 13})),
@@ -131,16 +138,41 @@ class RbdDeviceMapper:
     def extra_map_args(self, request: MapRequest) -> list[str]:
         return []
 
-    def map_argv(self, request: MapRequest, keyfile: str) -> list[str]:
+    exclusive_by_default = False
+    """Whether a read-write map of a single-node volume adds the `exclusive` option (see exclusive.py)."""
+
+    def wants_exclusive(self, request: MapRequest) -> bool:
+        return self.exclusive_by_default and exclusive.wanted(request.exclusive, request.read_only, request.options)
+
+    def map_argv(self, request: MapRequest, keyfile: str, exclusive_lock: bool = False) -> list[str]:
         argv = ["rbd", "device", "map", "--device-type", self.device_type, *image_args(request.image)]
         argv += ["--id", request.credentials.user_id, "-m", request.monitors, f"--keyfile={keyfile}"]
         argv += self.extra_map_args(request)
         if request.read_only:
             argv.append("--read-only")
-        options = self.map_options(request)
+        options = self.map_options(request) + ([exclusive.OPTION] if exclusive_lock else [])
         if options:
             argv += ["--options", ",".join(options)]
         return argv
+
+    def image_features(self, request: MapRequest, keyfile: str) -> frozenset[str]:
+        """The image's features (`rbd info`): `exclusive` needs exclusive-lock."""
+        what = f"read the features of image {request.image}"
+        argv = ["rbd", "info", *image_args(request.image), "--id", request.credentials.user_id,
+                "-m", request.monitors, f"--keyfile={keyfile}", "--format", "json"]
+        try:
+            result = self.run(argv, what=what, timeout=self.timeout, secrets=(request.credentials.key,))
+        except CommandFailed as error:
+            raise translate(error, what, request.image) from None
+        try:
+            doc = json.loads(result.stdout or "{}")
+        except ValueError:
+            raise Internal(f"`rbd info` printed something that is not JSON: {result.stdout[:200]!r}") from None
+        features = doc.get("features") if isinstance(doc, dict) else None
+        return frozenset(str(f) for f in features) if isinstance(features, list) else frozenset()
+
+    def mapped_new(self, request: MapRequest, device: str, options: list[str]) -> None:
+        """Called once a map made `device` (not when the image was mapped already)."""
 
     def unmap_argv(self, record: StageRecord, device: str) -> list[str]:
         argv = ["rbd", "device", "unmap", "--device-type", self.device_type]
@@ -191,10 +223,12 @@ class RbdDeviceMapper:
         what = f"map image {request.image} with {self.name}"
         self.keys.check(request.credentials)
         with key_file(request.credentials) as keyfile:
+            exclusive_lock = False
+            if self.wants_exclusive(request):
+                exclusive_lock = exclusive.possible(request, self.image_features(request, keyfile), self.name)
+            argv = self.map_argv(request, keyfile, exclusive_lock)
             try:
-                result = self.run(
-                    self.map_argv(request, keyfile), what=what, timeout=self.timeout, secrets=(request.credentials.key,)
-                )
+                result = self.run(argv, what=what, timeout=self.timeout, secrets=(request.credentials.key,))
             except CommandFailed as error:
                 raise translate(error, what, request.image) from None
         lines = [line.strip() for line in result.stdout.splitlines() if line.strip().startswith("/dev/")]
@@ -202,7 +236,10 @@ class RbdDeviceMapper:
             raise Internal(f"{what}: rbd printed no device path (stdout {result.stdout[:200]!r})")
         device = lines[-1]
         self.wait_for_device(device, self.device_timeout)
-        log.info("mapped", extra=fields(image=str(request.image), device=device, mapper=self.name))
+        options = argv[argv.index("--options") + 1].split(",") if "--options" in argv else []
+        log.info("mapped", extra=fields(image=str(request.image), device=device, mapper=self.name,
+                                        exclusive=exclusive.OPTION in options))
+        self.mapped_new(request, device, options)
         return device
 
     def unmap(self, record: StageRecord) -> None:

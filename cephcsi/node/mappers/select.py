@@ -137,7 +137,9 @@ def announce(mapper: str, selection: str, reason: str) -> None:
     if mapper in USERSPACE:
         log.warning(
             "volumes without a StorageClass 'mounter' will use a userspace mapper: their mappings run inside "
-            "this plugin and end when it restarts (update, crash), failing I/O until their pods are restarted; "
+            "this plugin and end when it restarts (update, crash), failing I/O until their pods are restarted "
+            "(except rbd-nbd devices mapped with mapOptions 'nbd:try-netlink', which the restarted plugin "
+            "re-attaches within reattach-timeout); "
             "keep the DaemonSet's updateStrategy OnDelete and drain a node before replacing its plugin "
             "(docs/quickstart.md, Upgrading), or load the rbd kernel module for krbd",
             extra=fields(mounter=mapper, selection=selection),
