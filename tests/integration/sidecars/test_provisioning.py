@@ -67,7 +67,9 @@ def test_claim_to_bound_pv_attach_detach_and_delete(env: Env, start_controllers:
         va for va in kube.attachments()
         if va["spec"]["source"].get("persistentVolumeName") == f"pvc-{uid}" and (va.get("status") or {}).get("attached")])
     assert attachment[0]["spec"]["attacher"] == DRIVER and attachment[0]["spec"]["nodeName"] == node
-    assert not attachment[0]["metadata"].get("finalizers"), "the trivial attacher adds no finalizer"
+    # The controller advertises ControllerPublish: the attacher's finalizer holds the attachment
+    # until ControllerUnpublish has run (tests/integration/sidecars/test_attacher_publish.py).
+    assert attachment[0]["metadata"].get("finalizers") == ["attacher.cephcsi/rbd-csi-ceph-com"]
 
     # Deleting the claim while attached: the PV is Released but must not be deleted yet.
     kube.delete_pod(kube_namespace, "app")
@@ -94,6 +96,7 @@ def test_pv_is_not_deleted_while_attached(env: Env, start_controllers: StartCont
     # An attachment that outlives its claim (made by hand: the attach-detach controller takes a
     # minute to detach a volume whose claim is gone, which would only slow the test down).
     node = f"node-{uuid.uuid4().hex[:6]}"
+    kube.create_node(node)  # ControllerPublish answers NOT_FOUND for a node that does not exist
     attachment = f"csi-{uuid.uuid4().hex}"
     kube.storage.create_volume_attachment({"metadata": {"name": attachment}, "spec": {
         "attacher": DRIVER, "nodeName": node, "source": {"persistentVolumeName": f"pvc-{uid}"}}})
