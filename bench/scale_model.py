@@ -165,6 +165,27 @@ def synced_at(populated: Mapping[str, datetime.datetime], kinds: Iterable[str]) 
     return max(t for t in times if t is not None)
 
 
+def line_at(log_text: str, marker: str, year: int) -> datetime.datetime | None:
+    """When the first klog line containing `marker` was written (None: not yet)."""
+    for line in log_text.splitlines():
+        if marker in line:
+            at = klog_time(line, year)
+            if at is not None:
+                return at
+    return None
+
+
+def ready_at(log_text: str, year: int, kinds: Iterable[str], marker: str = "") -> datetime.datetime | None:
+    """A Go sidecar's informers are synced once every kind in `kinds` was populated and, with a
+    `marker` (a line the sidecar writes after its own WaitForCacheSync), that line was written:
+    the later of the two. None while either is missing."""
+    at = synced_at(caches_populated(log_text, year), kinds)
+    if at is None or not marker:
+        return at
+    mark = line_at(log_text, marker, year)
+    return None if mark is None else max(at, mark)
+
+
 # ---- growth between two sizes --------------------------------------------------------------------------
 
 

@@ -38,9 +38,12 @@ log = logging.getLogger("bench")
 NAME = "scale"
 TITLE = "5. Scale: controller idle on N claims (embedded sidecars vs Go csi-provisioner + csi-attacher)"
 SECRET = ("scale-secrets", "csi-rbd-secret")
-GO_KINDS = {"csi-provisioner": ("PersistentVolumeClaim", "PersistentVolume", "StorageClass"),
+GO_KINDS = {"csi-provisioner": ("PersistentVolumeClaim", "PersistentVolume", "StorageClass", "VolumeAttachment"),
             "csi-attacher": ("VolumeAttachment", "PersistentVolume")}
-"""The informers each Go sidecar cannot work without (it may log more kinds; all it logs count)."""
+"""The informers each Go sidecar starts (csi-provisioner watches VolumeAttachments too when the
+driver advertises PUBLISH_UNPUBLISH_VOLUME, as ours does); it may log more kinds: all it logs count."""
+GO_MARKERS = {"csi-provisioner": "Started provisioner controller", "csi-attacher": ""}
+"""A line the sidecar writes once its own controller's caches synced (after the informers above)."""
 SYNC_TIMEOUT_S = 900.0
 DEPLOYMENT = Path(__file__).resolve().parents[2] / "deploy" / "controller-deployment.yaml"
 
@@ -176,9 +179,8 @@ class Bench:
             def synced() -> bool:
                 if any(p.poll() is not None for p in popens.values()):
                     return True
-                return all(scale_model.synced_at(scale_model.caches_populated(
-                    logs[name].read_text(errors="replace"), launched.year), GO_KINDS[name]) is not None
-                    for name in self.go)
+                return all(scale_model.ready_at(logs[name].read_text(errors="replace"), launched.year,
+                                                GO_KINDS[name], GO_MARKERS[name]) is not None for name in self.go)
 
             if _wait(synced, SYNC_TIMEOUT_S, 0.1) is None:
                 raise RuntimeError("the Go sidecars did not sync in time")
@@ -194,8 +196,10 @@ class Bench:
             out.writes = self.plane.etcd_revision() - revision
             last = None
             for name in self.go:
-                populated = scale_model.caches_populated(logs[name].read_text(errors="replace"), launched.year)
-                at = scale_model.synced_at(populated, sorted(set(GO_KINDS[name]) | set(populated)))
+                text = logs[name].read_text(errors="replace")
+                populated = scale_model.caches_populated(text, launched.year)
+                at = scale_model.ready_at(text, launched.year, sorted(set(GO_KINDS[name]) | set(populated)),
+                                          GO_MARKERS[name])
                 out.processes[name]["populated"] = sorted(populated)
                 last = at if last is None or (at is not None and at > last) else last
             out.synced_s = (last - launched).total_seconds() if last is not None else None

@@ -93,3 +93,14 @@ def test_scale_flags_and_quick_defaults() -> None:
     assert quick.scale_claims < 1000 and quick.scale_idle_s < 60
     with pytest.raises(SystemExit):
         options_from(build_parser().parse_args(["--scale-claims", "0"]))
+
+
+def test_a_sidecar_with_a_marker_line_is_synced_only_once_that_line_is_written() -> None:
+    populated = STRUCTURED + "\n" + CLASSIC
+    started = 'I1127 11:50:04.000000   4242 controller.go:915] "Started provisioner controller" component="x"'
+    kinds = ["PersistentVolume", "StorageClass"]
+    assert m.ready_at(populated, 2026, kinds) == datetime.datetime(2026, 11, 27, 11, 50, 2, 500000, tzinfo=UTC)
+    assert m.ready_at(populated, 2026, kinds, "Started provisioner controller") is None
+    assert m.ready_at(populated + "\n" + started, 2026, kinds, "Started provisioner controller") == datetime.datetime(
+        2026, 11, 27, 11, 50, 4, tzinfo=UTC)
+    assert m.ready_at(started, 2026, kinds, "Started provisioner controller") is None  # caches not all populated
