@@ -44,6 +44,11 @@ NAME = "node-vm"
 TITLE = "2b. Node on a real kernel (VM): krbd and rbd-nbd, driver vs by hand"
 MAPPERS = (("krbd", "krbd"), ("rbd-nbd", "nbd"))
 """(the driver's mounter name, `rbd device --device-type`)."""
+EXCLUSIVE = "rbd-nbd exclusive"
+"""The row of a single-node writer's rbd-nbd map on an image with exclusive-lock: the driver reads the
+image's features (`rbd info`) and maps with `exclusive` (cephcsi.node.mappers.exclusive); by hand,
+`rbd device map -o exclusive`. Block volumes only: the map is what differs from the rbd-nbd rows."""
+EXCLUSIVE_FEATURES = "layering,exclusive-lock"
 RPC_TIMEOUT_S = 300.0
 GUEST_TIMEOUT_S = 300.0
 
@@ -56,7 +61,7 @@ def accelerator_label(accel: str) -> str:
 
 
 def manual_up_script(device_type: str, image_spec: str, mode: str, staging: str, target: str,
-                     user: str, mon_host: str, key_file: str) -> str:
+                     user: str, mon_host: str, key_file: str, options: str = "") -> str:
     """The by-hand stage and publish, timed inside the guest; prints `DEVICE STAGE_NS PUBLISH_NS`."""
     q = shlex.quote
     mkfs = shlex.join(MKFS_EXT4)
@@ -69,7 +74,7 @@ def manual_up_script(device_type: str, image_spec: str, mode: str, staging: str,
     return (
         "set -e; s=$(date +%s%N); "
         f"dev=$(rbd device map --device-type {device_type} --id {q(user)} -m {q(mon_host)} --keyfile {q(key_file)} "
-        f"{q(image_spec)}); {stage}; m=$(date +%s%N); {publish}; e=$(date +%s%N); "
+        f"{'-o ' + q(options) + ' ' if options else ''}{q(image_spec)}); {stage}; m=$(date +%s%N); {publish}; e=$(date +%s%N); "
         "echo \"$dev $((m - s)) $((e - m))\""
     )
 
@@ -182,9 +187,10 @@ class _Cycles:
         self.vm, self.size_mib = vm, max(1, size_bytes >> 20)
         self.staging_root, self.pods_root = STAGING_ROOT, PODS_ROOT
 
-    def _image(self) -> str:
+    def _image(self, features: str = "") -> str:
         name = f"bench-vm-{uuid.uuid4().hex[:10]}"
-        self.vm.cluster.admin("rbd", "create", "--size", f"{self.size_mib}M", f"{self.vm.cluster.pool}/{name}")
+        extra = ["--image-feature", features] if features else []
+        self.vm.cluster.admin("rbd", "create", "--size", f"{self.size_mib}M", *extra, f"{self.vm.cluster.pool}/{name}")
         return name
 
     def _remove(self, image: str) -> None:
@@ -201,11 +207,11 @@ class _Cycles:
         self.vm.node.check(f"mkdir -p {shlex.quote(staging)} {shlex.quote(os.path.dirname(target))}", timeout=60)
         return staging, target
 
-    def driver(self, mapper: str, mode: str, t: Timings) -> None:
+    def driver(self, mapper: str, mode: str, t: Timings, features: str = "") -> None:
         from cephcsi._generated import csi_pb2
         from cephcsi.volumes.volume_id import VolumeId
         cluster, stub = self.vm.cluster, self.vm.plugin.node
-        image = self._image()
+        image = self._image(features)
         try:
             volume_id = VolumeId(cluster.cluster_id, 1, VolumeId.new_uuid()).encode()
             context = {"clusterID": cluster.cluster_id, "pool": cluster.pool, "imageName": image, "mounter": mapper}
@@ -232,15 +238,15 @@ class _Cycles:
         finally:
             self._remove(image)
 
-    def manual(self, device_type: str, mode: str, t: Timings) -> None:
+    def manual(self, device_type: str, mode: str, t: Timings, features: str = "", options: str = "") -> None:
         from tests.vm.machine import SHARE_IN_GUEST
         cluster, node = self.vm.cluster, self.vm.node
-        image = self._image()
+        image = self._image(features)
         try:
             staging, target = self._paths(mode)
             key = f"{SHARE_IN_GUEST}/files/bench.key"
             up = node.check(manual_up_script(device_type, f"{cluster.pool}/{image}", mode, staging, target,
-                                             cluster.user, cluster.mon_host, key), timeout=GUEST_TIMEOUT_S)
+                                             cluster.user, cluster.mon_host, key, options), timeout=GUEST_TIMEOUT_S)
             device, stage_s, publish_s = parse_up(up)
             down = node.check(manual_down_script(device_type, device, mode, staging, target), timeout=GUEST_TIMEOUT_S)
             unpublish_s, unstage_s = parse_down(down)
@@ -282,12 +288,17 @@ def run(env: Environment) -> SectionResult:
         iterations = env.options.node_iterations
         results: dict[tuple[str, str], dict[str, Timings]] = {
             (mapper, mode): {"driver": Timings(), "manual": Timings()} for mapper, _ in MAPPERS for mode in MODES}
+        results[(EXCLUSIVE, "block")] = {"driver": Timings(), "manual": Timings()}
         for i in range(iterations):
             for mapper, device_type in MAPPERS:
                 for mode in MODES:
                     log.info("node-vm: cycle %d/%d, %s %s", i + 1, iterations, mapper, mode)
                     cycles.driver(mapper, mode, results[(mapper, mode)]["driver"])
                     cycles.manual(device_type, mode, results[(mapper, mode)]["manual"])
+            log.info("node-vm: cycle %d/%d, %s block", i + 1, iterations, EXCLUSIVE)
+            exclusive = results[(EXCLUSIVE, "block")]
+            cycles.driver("rbd-nbd", "block", exclusive["driver"], features=EXCLUSIVE_FEATURES)
+            cycles.manual("nbd", "block", exclusive["manual"], features=EXCLUSIVE_FEATURES, options="exclusive")
         spreads = ratios(results)
         accel = vm.node.accel
         data: dict[str, Any] = {
@@ -300,6 +311,8 @@ def run(env: Environment) -> SectionResult:
         return SectionResult(
             name=NAME, title=TITLE, tables=[_table(accel, iterations, results, spreads)], data=data,
             notes=[f"accelerator: {accelerator_label(accel)}; one pass (--background-load does not apply here)",
+                   f"{EXCLUSIVE}: an image with {EXCLUSIVE_FEATURES}, mapped with 'exclusive' (by hand: -o exclusive; "
+                   "the driver first reads the image's features); every driver rbd-nbd read-write stage reads them",
                    "by hand = rbd device map + mkfs.ext4 (the driver's default options) + mount, timed in the guest; "
                    "the driver additionally probes the device (direct read, blkid -p) before mkfs, fsyncs its stage "
                    "records, and waits for udev"])

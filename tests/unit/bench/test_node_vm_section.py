@@ -55,3 +55,9 @@ def test_ratios_pair_cycle_i_of_the_driver_with_cycle_i_by_hand() -> None:
 
 def test_selectable_as_its_own_section() -> None:
     assert NAME in by_name()
+
+
+def test_exclusive_row_maps_by_hand_with_the_option() -> None:
+    up = manual_up_script("nbd", "rbd/img", "block", "/st", "/tg", "csi", "m", "/run/k", "exclusive")
+    assert "-o exclusive rbd/img" in up
+    assert "-o " not in manual_up_script("nbd", "rbd/img", "block", "/st", "/tg", "csi", "m", "/run/k")
