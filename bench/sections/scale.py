@@ -39,7 +39,7 @@ NAME = "scale"
 TITLE = "5. Scale: controller idle on N claims (embedded sidecars vs Go csi-provisioner + csi-attacher)"
 SECRET = ("scale-secrets", "csi-rbd-secret")
 GO_KINDS = {"csi-provisioner": ("PersistentVolumeClaim", "PersistentVolume", "StorageClass", "VolumeAttachment"),
-            "csi-attacher": ("VolumeAttachment", "PersistentVolume")}
+            "csi-attacher": ("VolumeAttachment", "PersistentVolume", "CSINode")}
 """The informers each Go sidecar starts (csi-provisioner watches VolumeAttachments too when the
 driver advertises PUBLISH_UNPUBLISH_VOLUME, as ours does); it may log more kinds: all it logs count."""
 GO_MARKERS = {"csi-provisioner": "Started provisioner controller", "csi-attacher": ""}
@@ -57,6 +57,7 @@ class Start:
     synced_s: float | None = None
     cpu_at_sync_s: float | None = None
     rss_bytes: int | None = None
+    hwm_bytes: int | None = None
     threads: int | None = None
     cpu_s: float | None = None
     writes: int | None = None
@@ -143,7 +144,7 @@ class Bench:
             out.cpu_at_sync_s = procstat.sample(popen.pid).cpu_s
             time.sleep(idle_s)
             s = procstat.sample(popen.pid)
-            out.rss_bytes, out.threads, out.cpu_s = s.rss_bytes, s.threads, s.cpu_s
+            out.rss_bytes, out.hwm_bytes, out.threads, out.cpu_s = s.rss_bytes, s.hwm_bytes, s.threads, s.cpu_s
             out.processes["cephcsi"] = s.to_json()
             out.writes = self.plane.etcd_revision() - revision
             out.problems = log_problems(process)
@@ -192,6 +193,7 @@ class Bench:
             time.sleep(idle_s)
             samples = {n: procstat.sample(p.pid) for n, p in popens.items()}
             out.rss_bytes, out.threads, out.cpu_s = _sum_samples(samples)
+            out.hwm_bytes = sum(x.hwm_bytes for x in samples.values())
             out.processes = {n: s.to_json() for n, s in samples.items()}
             out.writes = self.plane.etcd_revision() - revision
             last = None
@@ -268,8 +270,12 @@ def _cell(values: Sequence[float | None], digits: int) -> str:
 
 
 FIGURES = (("informers synced, s", "synced_s", 1.0, 2), ("VmRSS after idle, MiB", "rss_bytes", 1 / (1 << 20), 1),
+           ("VmHWM (peak since start), MiB", "hwm_bytes", 1 / (1 << 20), 1),
            ("OS threads after idle", "threads", 1.0, 0), ("start-up CPU (until synced), s", "cpu_at_sync_s", 1.0, 2),
            ("CPU at the end of the idle window, s", "cpu_s", 1.0, 2), ("etcd writes (start + idle)", "writes", 1.0, 0))
+
+
+GROWTH = ("synced_s", "rss_bytes", "threads", "cpu_at_sync_s")
 
 
 def main_table(by_size: dict[int, list[tuple[Start, Start | None]]], idle_s: float) -> Table:
@@ -288,7 +294,7 @@ def growth_table(by_size: dict[int, list[tuple[Start, Start | None]]], claims: i
     table = Table(title=f"growth per 1,000 claims (empty cluster → {claims:,}; range: worst and best pairing of rounds)",
                   columns=["figure", "side", "empty", "per 1,000 claims", "range", "at 20,000 (line)"])
     data: dict[str, Any] = {}
-    for label, attr, scale, digits in FIGURES[:4]:
+    for label, attr, scale, digits in (f for f in FIGURES if f[1] in GROWTH):
         for side, index in (("cephcsi", 0), ("Go stack", 1)):
             empty = [v for v in _values([p[index] for p in by_size.get(0, [])], attr, scale) if v is not None]
             loaded = [v for v in _values([p[index] for p in by_size.get(claims, [])], attr, scale) if v is not None]
