@@ -63,6 +63,9 @@ class NodeSettings:
     """Staging and target paths must lie under it (empty: no prefix check)."""
     state_dir: str = "/var/lib/cephcsi"
     """Driver-private state on the host (userspace-mapper mounts); must survive restarts."""
+    runtime_dir: str = "/run/cephcsi"
+    """Driver state that must survive a plugin restart but not a reboot, on the host's tmpfs: the
+    rbd-nbd re-attach records, which hold a cephx key and so must never reach a disk."""
     mounter: str = "auto"
     """Default mapper: auto | krbd | rbd-nbd | fuse (the userspace rbd-fuse + loop mapper)."""
     domain_labels: tuple[str, ...] = ()

@@ -122,6 +122,8 @@ def _node_flags(p: argparse.ArgumentParser) -> None:
     n = p.add_argument_group("node")
     n.add_argument("--kubelet-dir", default="/var/lib/kubelet", help="staging/target paths must be under it ('' disables)")
     n.add_argument("--state-dir", default="/var/lib/cephcsi", help="driver state on the host")
+    n.add_argument("--runtime-dir", default="/run/cephcsi",
+                   help="driver state kept across plugin restarts but not reboots, on tmpfs (rbd-nbd re-attach records)")
     n.add_argument("--mounter", choices=MOUNTERS, default="auto", help="default mapper (StorageClass 'mounter' overrides)")
     n.add_argument("--domainlabels", default="", help="comma-separated node labels forming the topology")
     n.add_argument("--enable-read-affinity", type=_bool, nargs="?", const=True, default=False,
@@ -215,6 +217,7 @@ def _node_settings(a: argparse.Namespace) -> NodeSettings:
         node_id=a.nodeid,
         kubelet_dir=a.kubelet_dir,
         state_dir=a.state_dir,
+        runtime_dir=a.runtime_dir,
         mounter=a.mounter,
         domain_labels=tuple(x.strip() for x in a.domainlabels.split(",") if x.strip()),
         read_affinity_labels=(tuple(x.strip() for x in a.crush_location_labels.split(",") if x.strip())

@@ -39,7 +39,7 @@ def build_node_service(config: NodeConfig, runner: node_exec.Runner = node_exec.
         FUSE: fuse,
     }
     nbd = NbdMapper(runner, config.command_timeout, devices.wait_for_device, config.device_timeout,
-                    log_dir=os.path.join(config.state_dir, "log"), attachments=AttachmentStore(config.state_dir))
+                    log_dir=os.path.join(config.state_dir, "log"), attachments=AttachmentStore(config.runtime_dir))
     mappers[NBD] = nbd
     choice = MapperChoice(config.mounter, probe or NodeProbe(modprobe=runner_modprobe(runner)))
     expander = NodeExpander(mappers, runner, config.command_timeout, min(config.device_timeout, 10.0))

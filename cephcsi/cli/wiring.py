@@ -72,6 +72,7 @@ def build_node(settings: Settings, clusters: ClusterRegistry) -> NodeServicer:
         driver_name=settings.driver_name,
         kubelet_dir=node.kubelet_dir,
         state_dir=node.state_dir,
+        runtime_dir=node.runtime_dir,
         mounter=node.mounter,
         domain_labels=node.domain_labels,
         read_affinity_labels=node.read_affinity_labels,

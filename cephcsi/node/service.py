@@ -44,6 +44,8 @@ class NodeConfig:
     connect_timeout: float
     kubeconfig: str = ""
     read_affinity_labels: tuple[str, ...] = ()
+    runtime_dir: str = "/run/cephcsi"
+    """tmpfs state that must survive a plugin restart (the rbd-nbd re-attach records)."""
 
 
 @dataclass
