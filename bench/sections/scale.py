@@ -141,6 +141,8 @@ class Bench:
                                  SYNC_TIMEOUT_S, 0.05)
             if popen.poll() is not None:
                 raise RuntimeError(f"cephcsi exited with {popen.returncode}: {process.log()[-600:]}")
+            if out.synced_s is None:
+                raise RuntimeError(f"/readyz not 200 within {SYNC_TIMEOUT_S:g} s: {process.http('/readyz')[1][:300]}")
             out.cpu_at_sync_s = procstat.sample(popen.pid).cpu_s
             time.sleep(idle_s)
             s = procstat.sample(popen.pid)
