@@ -124,6 +124,8 @@ def sanity_driver(sanity_config: str) -> Iterator[DriverProcess]:
 def test_csi_sanity(sanity_driver: DriverProcess, ceph_cluster: CephTestCluster, access_type: str) -> None:
     images_before = set(ceph_cluster.images())
     result = _run_sanity(sanity_driver, ceph_cluster, access_type)
+    print(f"csi-sanity {access_type}: {result.passed} passed, {len(result.failed)} failed, {result.skipped} skipped:",
+          *sorted(result.skipped_names), sep="\n  ")
     assert not result.failed, f"failed specs: {result.failed}\n{result.output}\n--- driver log tail ---\n{sanity_driver.log()[-8000:]}"
     assert result.passed >= EXPECTED_PASSED[access_type], f"only {result.passed} specs passed\n{result.output}"
     assert set(ceph_cluster.images()) == images_before, "csi-sanity left images behind"
