@@ -47,16 +47,10 @@ class Containerd:
 
     def start(self) -> None:
         """Write the CNI and containerd configs, start containerd, wait until `ctr` reaches it."""
-        base = self.work_dir / "containerd"
-        base.mkdir(parents=True, exist_ok=True)
-        cni = self.work_dir / "cni"
-        (cni / "net.d").mkdir(parents=True, exist_ok=True)
-        (cni / "net.d" / "10-e2e.conflist").write_text(json.dumps(self._cni_config(), indent=2))
-        config = base / "config.toml"
-        config.write_text(CONFIG.format(
-            root=base / "root", state=base / "state", socket=self.socket,
-            sandbox=PAUSE_IMAGE, cni_conf=cni / "net.d", runc_root=base / "runc",
-        ))
+        for path, text in self.config_files().items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        config = self.config_path
         self._proc = Proc("containerd", ["containerd", "--config", str(config)], self.log_path)
         self._proc.start()
         deadline = time.monotonic() + self.start_timeout
@@ -69,6 +63,23 @@ class Containerd:
                 return
             time.sleep(0.2)
         raise NodeError(f"containerd not serving within {self.start_timeout}s")
+
+    @property
+    def config_path(self) -> Path:
+        return self.work_dir / "containerd" / "config.toml"
+
+    def config_files(self) -> dict[Path, str]:
+        """containerd's config and the CNI network, by path (also written into a VM node's disk
+        by tests/vm/kube_node.py, where work_dir is a path of the guest)."""
+        base = self.work_dir / "containerd"
+        cni_conf = self.work_dir / "cni" / "net.d"
+        return {
+            cni_conf / "10-e2e.conflist": json.dumps(self._cni_config(), indent=2),
+            self.config_path: CONFIG.format(
+                root=base / "root", state=base / "state", socket=self.socket,
+                sandbox=PAUSE_IMAGE, cni_conf=cni_conf, runc_root=base / "runc",
+            ),
+        }
 
     def stop(self) -> None:
         if self._proc is not None:

@@ -79,6 +79,18 @@ def build_image(timeout: float = 3600.0) -> Path:
     return tar
 
 
+def image_to_tag(imported: list[str]) -> str:
+    """The imported image to tag as IMAGE ('' when IMAGE is among them): an archive built
+    elsewhere may name it differently (a registry prefix, or $CEPHCSI_E2E_IMAGE_TAR), and
+    deploy/ asks for IMAGE."""
+    if IMAGE in imported:
+        return ""
+    project = [name for name in imported if name != PAUSE_IMAGE]
+    if len(project) != 1:
+        raise RuntimeError(f"cannot tell the project's image among {imported}")
+    return project[0]
+
+
 def start_ceph(address: str, directory: Path) -> CephTestCluster:
     """tests/ceph/cluster.sh with its daemons bound to `address`."""
     env = {**os.environ, "CEPH_ADDR": address}
@@ -148,6 +160,8 @@ class E2EEnv:
     work_dir: Path
     overlay: Path
     timings: Timings
+    image_tar: Path | None = None
+    """The project's image archive the node imported."""
     namespaces: list[str] = field(default_factory=list)
 
     def new_namespace(self) -> str:
@@ -207,17 +221,16 @@ def start_env(settings: NodeSettings | None = None) -> E2EEnv:
         node.stop()
         shutil.rmtree(work_dir, ignore_errors=True)
         raise
-    if IMAGE not in node.imported:
-        # An archive built elsewhere may name the image differently (a registry prefix, or
-        # $CEPHCSI_E2E_IMAGE_TAR); deploy/ asks for IMAGE.
-        project = [name for name in node.imported if name != PAUSE_IMAGE]
-        if len(project) != 1:
-            node.stop()
-            raise RuntimeError(f"cannot tell the project's image among {node.imported}")
-        node.tag_image(project[0], IMAGE)
+    try:
+        untagged = image_to_tag(node.imported)
+    except RuntimeError:
+        node.stop()
+        raise
+    if untagged:
+        node.tag_image(untagged, IMAGE)
     kube = Kube(node.api_client(), kubectl_argv(node.bin_dir / "kubectl", node.kubeconfig))
     env = E2EEnv(node=node, ceph=ceph, kube=kube, work_dir=work_dir, overlay=work_dir / "overlay",
-                 timings=timings)
+                 timings=timings, image_tar=image)
     try:
         started = time.monotonic()
         install(env)

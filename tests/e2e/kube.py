@@ -186,9 +186,10 @@ class Kube:
     # ---- pods ---------------------------------------------------------------------------------
 
     def create_pod(self, namespace: str, name: str, image: str, script: str, claim: str,
-                   block: bool = False, read_only: bool = False) -> None:
+                   block: bool = False, read_only: bool = False, node: str = "") -> None:
         """A pod running `sh -c script` as root with the claim at /data (or the raw device at
-        /dev/e2e-block for a Block claim). Root: a Block device node is root:disk 0660."""
+        /dev/e2e-block for a Block claim), on `node` if given (else where the scheduler puts
+        it). Root: a Block device node is root:disk 0660."""
         container: dict[str, Any] = {
             "name": "main",
             "image": image,
@@ -200,7 +201,7 @@ class Kube:
             container["volumeDevices"] = [{"name": "data", "devicePath": "/dev/e2e-block"}]
         else:
             container["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
-        pod = {
+        pod: dict[str, Any] = {
             "metadata": {"name": name},
             "spec": {
                 "containers": [container],
@@ -210,6 +211,8 @@ class Kube:
                 "automountServiceAccountToken": False,
             },
         }
+        if node:
+            pod["spec"]["nodeName"] = node
         self.core.create_namespaced_pod(namespace, pod)
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:

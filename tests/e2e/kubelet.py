@@ -42,19 +42,10 @@ class Kubelet:
     def start(self) -> None:
         """Start the kubelet and wait until the Node is Ready."""
         config = self.work_dir / "kubelet.yaml"
-        config.write_text(yaml.safe_dump(self._config()))
+        config.write_text(yaml.safe_dump(self.config()))
         kubeconfig = self.work_dir / "kubelet.kubeconfig"
         self.plane.write_kubeconfig(kubeconfig)
-        argv = [
-            str(self.binary),
-            f"--config={config}",
-            f"--kubeconfig={kubeconfig}",
-            f"--root-dir={KUBELET_ROOT}",
-            f"--hostname-override={self.node_name}",
-            f"--node-ip={self.node_ip}",
-            "--v=2",
-        ]
-        self._proc = Proc("kubelet", argv, self.log_path)
+        self._proc = Proc("kubelet", self.argv(config, kubeconfig), self.log_path)
         self._proc.start()
         self.starts += 1
         self.wait_ready(self.start_timeout)
@@ -77,7 +68,7 @@ class Kubelet:
         while time.monotonic() < deadline:
             if self._proc is not None and not self._proc.running():
                 raise NodeError(f"kubelet exited:\n{self._proc.log_tail()}")
-            if self._healthy() and self._node_ready():
+            if self._healthy() and self.node_ready():
                 return
             time.sleep(0.5)
         tail = self._proc.log_tail() if self._proc else ""
@@ -104,7 +95,7 @@ class Kubelet:
         except (OSError, urllib.error.URLError):
             return False
 
-    def _node_ready(self) -> bool:
+    def node_ready(self) -> bool:
         with self.plane.api_client() as client:
             try:
                 node = kubernetes.client.CoreV1Api(client).read_node(self.node_name)
@@ -112,7 +103,21 @@ class Kubelet:
                 return False
         return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
 
-    def _config(self) -> dict[str, Any]:
+    def argv(self, config: Path, kubeconfig: Path) -> list[str]:
+        """The command line, given where its config and kubeconfig are (a VM node's kubelet,
+        tests/vm/kube_node.py, runs the same one inside the guest)."""
+        return [
+            str(self.binary),
+            f"--config={config}",
+            f"--kubeconfig={kubeconfig}",
+            f"--root-dir={KUBELET_ROOT}",
+            f"--hostname-override={self.node_name}",
+            f"--node-ip={self.node_ip}",
+            "--v=2",
+        ]
+
+    def config(self) -> dict[str, Any]:
+        """The KubeletConfiguration."""
         return {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",

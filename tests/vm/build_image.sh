@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds the real-kernel VM test node (tests/vm): a Debian bookworm root filesystem image with a
-# stock kernel (rbd.ko, nbd.ko, dm-crypt), Ceph's client tools, and a Python venv holding the
-# driver's runtime dependencies, into a cache outside the repository:
+# stock kernel (rbd.ko, nbd.ko, dm-crypt), Ceph's client tools, a Python venv holding the
+# driver's runtime dependencies, and containerd, runc, the CNI plugins and iptables for a
+# Kubernetes node (containerd.service stays masked: tests/vm/kube_node.py starts it with its own
+# config; the kubelet and the images come on a second disk, tests/vm/kube_disk.py), into a
+# cache outside the repository:
 #
 #   $CACHE/vm/bookworm-<key>/{rootfs.raw,vmlinuz,initrd.img,manifest.txt}
 #
@@ -30,6 +33,7 @@ PACKAGES=(
   ceph-common rbd-nbd rbd-fuse fuse3
   python3 python3-rados python3-rbd python3-venv
   e2fsprogs xfsprogs util-linux mount cryptsetup
+  containerd runc containernetworking-plugins iptables
 )
 # Units a disposable test node never needs; each costs boot time under TCG.
 MASK=(
@@ -38,7 +42,7 @@ MASK=(
   getty-static.service getty@tty1.service serial-getty@ttyS0.service rbdmap.service
   ceph.target ceph-fuse.target systemd-networkd-wait-online.service cryptsetup.target
   remote-fs.target systemd-update-utmp.service systemd-update-utmp-runlevel.service
-  systemd-journal-flush.service
+  systemd-journal-flush.service containerd.service
 )
 INITRAMFS_MODULES=(virtio_pci virtio_blk ext4 crc32c_generic 9pnet_virtio 9p)
 PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
@@ -178,10 +182,23 @@ mv "$work/manifest.txt" "$work/out/manifest.txt"
 echo "[vm] mkfs.ext4 -d (root filesystem image)" >&2
 mkfs.ext4 -q -F -L cephcsi-vm -E lazy_itable_init=1 -d "$root" "$work/out/rootfs.raw" 4G
 
-# Publish atomically, then drop older builds (a changed script or dependency list).
+in_use() {  # a process's command line names $1 (read here: a grep for it would match itself)
+  local cmdline
+  for cmdline in /proc/[0-9]*/cmdline; do
+    [[ $(tr '\0' ' ' <"$cmdline" 2>/dev/null) == *"$1"* ]] && return 0
+  done
+  return 1
+}
+# Publish atomically, then drop older builds (a changed script or dependency list) that no
+# qemu on this machine still boots from (another test session may run on the old image).
 rm -rf "$OUT"
 mv "$work/out" "$OUT"
 for old in "$CACHE_ROOT"/vm/"$SUITE"-*; do
-  [[ $old == "$OUT" ]] || rm -rf "$old"
+  [[ $old == "$OUT" ]] && continue
+  if in_use "$old/"; then
+    echo "build_image.sh: keeping $old (a running VM uses it)" >&2
+    continue
+  fi
+  rm -rf "$old"
 done
 echo "$OUT"

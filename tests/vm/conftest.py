@@ -60,16 +60,21 @@ def built_image() -> VmImage | None:
     return image if image.complete() else None
 
 
-@pytest.fixture(scope="package")
-def vm_image() -> VmImage:
+def image_or_skip(who: str) -> VmImage:
+    """The VM image, or a visible skip of the calling test saying why it cannot run here."""
     reason = missing_requirement()
     if reason:
-        pytest.skip(f"VM tier: {reason}")
+        pytest.skip(f"{who}: {reason}")
     image = built_image()
     if image is None:
-        pytest.skip("VM tier: the VM image is not built for the current tests/vm (run scripts/setup.sh, "
+        pytest.skip(f"{who}: the VM image is not built for the current tests/vm (run scripts/setup.sh, "
                     "or tests/vm/build_image.sh)")
     return image
+
+
+@pytest.fixture(scope="package")
+def vm_image() -> VmImage:
+    return image_or_skip("VM tier")
 
 
 @pytest.fixture(scope="package")
@@ -83,11 +88,12 @@ def vm_cluster(vm_image: VmImage) -> Iterator[CephTestCluster]:
         network.remove_bridge()  # after the cluster bound to its address, and the VMs' taps, are gone
 
 
-def boot_free_node(image: VmImage, workdir: str, indexes: Iterable[int]) -> VmNode | None:
+def boot_free_node(image: VmImage, workdir: str, indexes: Iterable[int], memory_mb: int = 2048,
+                   disks: tuple[str, ...] = ()) -> VmNode | None:
     """A node booted at the first of `indexes` no other VM on this machine holds (each index has
     its own tap and address, so concurrent test sessions do not collide); None if all are held."""
     for index in indexes:
-        node = VmNode(image, index, workdir, REPO)
+        node = VmNode(image, index, workdir, REPO, memory_mb=memory_mb, disks=disks)
         try:
             node.start()
         except IndexInUse:

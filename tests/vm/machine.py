@@ -103,8 +103,11 @@ class Result:
 
 
 class VmNode:
-    def __init__(self, image: VmImage, index: int, workdir: str, repo: str, memory_mb: int = 2048) -> None:
+    def __init__(self, image: VmImage, index: int, workdir: str, repo: str, memory_mb: int = 2048,
+                 disks: tuple[str, ...] = ()) -> None:
+        """`disks`: more raw disk images, /dev/vdb, /dev/vdc... in the guest (also `snapshot=on`)."""
         self.image = image
+        self.disks = disks
         self.index = index
         self.workdir = workdir
         self.repo = repo
@@ -135,7 +138,8 @@ class VmNode:
             "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
             "-serial", f"file:{self.console_path}",
             "-kernel", self.image.kernel, "-initrd", self.image.initrd, "-append", cmdline,
-            "-drive", f"file={self.image.rootfs},if=virtio,format=raw,snapshot=on,cache=unsafe",
+            *(arg for path in (self.image.rootfs, *self.disks)
+              for arg in ("-drive", f"file={path},if=virtio,format=raw,snapshot=on,cache=unsafe")),
             "-netdev", f"tap,id=net0,ifname={self.tap},script=no,downscript=no",
             "-device", f"virtio-net-pci,netdev=net0,mac={self.mac}",
             "-device", "virtio-rng-pci",
@@ -215,8 +219,10 @@ class VmNode:
         self._lock = handle
 
     def _release(self) -> None:
-        network.remove_tap(self.index)
+        # Only while this node holds its index: once released, the index (and a tap of that
+        # name) may belong to another session's VM, whose tap a second stop() must not delete.
         if self._lock is not None:
+            network.remove_tap(self.index)
             self._lock.close()
             self._lock = None
 
