@@ -35,7 +35,6 @@ from cephcsi.sidecars.attacher import strategy as attach_strategy
 from cephcsi.sidecars.attacher.api import AttacherApi
 from cephcsi.sidecars.attacher.controller import AttacherLoop
 from cephcsi.sidecars.attacher.fencing import KubeNodes, Unfencer
-from cephcsi.sidecars.attacher.legacy import LegacyTakeover
 from cephcsi.sidecars.attacher.publishing import PublishingAttach, node_id_of
 from cephcsi.sidecars.calls import CsiCalls
 from cephcsi.sidecars.controller import (
@@ -208,12 +207,10 @@ def _attacher(parts: _Parts) -> AttacherLoop:
     driver = parts.settings.driver_name
     attachments = parts.factory.volume_attachments()
     volumes = parts.factory.persistent_volumes()
-    # Finalizers left by ceph-csi >= 3.15's csi-attacher are taken over (attacher/legacy.py).
-    takeover = LegacyTakeover(parts.api, driver, attachments)
     workers = min(parts.settings.sidecars.worker_threads, ATTACHER_WORKERS)
     if not attach_strategy.publishes(parts.capabilities()):
         return AttacherLoop(driver, attachments, attach_strategy.TrivialAttach(parts.api), workers=workers,
-                            backoff=parts.backoff, volumes=volumes, takeover=takeover)
+                            backoff=parts.backoff, volumes=volumes)
     api = AttacherApi(parts.api_client)
     nodes, csinodes = parts.factory.nodes(), parts.factory.csi_nodes()
     publishing = PublishingAttach(api, driver, parts.controller, parts.clients.calls, volumes,
@@ -225,7 +222,7 @@ def _attacher(parts: _Parts) -> AttacherLoop:
     parts.controller.nodes = KubeNodes(api, driver, nodes, csinodes,
                                        on_fence=unfencer.note if unfencer is not None else None)
     return AttacherLoop(driver, attachments, publishing, workers=workers, backoff=parts.backoff, volumes=volumes,
-                        takeover=takeover, nodes=nodes, unfencer=unfencer,
+                        nodes=nodes, unfencer=unfencer,
                         node_id_of=lambda name: node_id_of(name, driver, csinodes, nodes))
 
 

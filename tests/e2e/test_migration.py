@@ -7,15 +7,18 @@ docstring says why a stand-in and what differs: the mapping). Two claims of a St
 ceph-csi's example shape are bound to volumes exactly as ceph-csi made them: journal entries in
 ceph-csi's order and keys (tests/ceph/ceph_csi_journal.py), image csi-vol-<uuid>, volume id
 `0001-<len>-<clusterID>-<pool id>-<uuid>`, PVs as ceph-csi's external-provisioner writes them, and
-attachments as its csi-attacher leaves them (played by the test: finalizer + attached). Pods
+attachments as its csi-attacher leaves them (played by the test: finalizer + attached; the
+finalizer is external-attacher's, which cephcsi's attacher uses too). Pods
 write through the stand-in (one ext4 volume, one Block volume).
 
 Then the guide's steps, in order: 2 (apply overlays/migration/: controller up, node plugin held
-back), 3 (the attacher takes over ceph-csi's attachments), 4 (label `pending`, ceph-csi's pod
+back), 3 (the attacher continues ceph-csi's attachments as its own: still attached, same
+finalizer, no error), 4 (label `pending`, ceph-csi's pod
 leaves, label `true`, cephcsi's plugin Ready and registered; the running pods keep their data;
 their deletion is NodeUnpublish/NodeUnstage by cephcsi on ceph-csi's layout; new pods are staged
 by cephcsi and read what was written under ceph-csi), 5 (apply deploy/, remove the label, the
-node plugin is not restarted); last, deleting the claims deletes the ceph-csi volumes entirely.
+node plugin is not restarted); last, deleting the claims deletes the ceph-csi volumes entirely
+(their attachments detached by cephcsi's attacher, which releases ceph-csi's finalizer).
 
 The shared e2e environment is restored in any case (deploy/ applied, label removed, driver Ready).
 """
@@ -305,12 +308,14 @@ def wait_token(kube: Kube, namespace: str, pod: str, claim: Claim, token: str) -
     wait_for(f"{pod} wrote its token", lambda: read_tokens(kube, namespace, pod, claim)[0] == token, timeout=30)
 
 
-def wait_taken_over(kube: Kube, claim: Claim) -> None:
-    def taken_over() -> list[dict[str, Any]]:
-        return [a for a in attachments_of(kube, claim.pv_name) if a.get("status", {}).get("attached")
-                and ATTACHER_FINALIZER not in (a["metadata"].get("finalizers") or [])]
-    wait_for(f"{claim.pv_name}'s attachment attached, without ceph-csi's finalizer", taken_over, timeout=120,
-             explain=lambda: json.dumps(attachments_of(kube, claim.pv_name))[:2000])
+def check_taken_over(kube: Kube, claim: Claim) -> None:
+    """ceph-csi's attachments are the attacher's own (same finalizer): left attached as they were,
+    with no attachError and no finalizer of another name; the PV keeps the finalizer too."""
+    [attachment] = attachments_of(kube, claim.pv_name)
+    status = attachment.get("status") or {}
+    assert status.get("attached") is True and not status.get("attachError"), json.dumps(attachment)[:2000]
+    assert attachment["metadata"].get("finalizers") == [ATTACHER_FINALIZER], json.dumps(attachment)[:2000]
+    assert ATTACHER_FINALIZER in (kube.pv(claim.pv_name) or {})["metadata"].get("finalizers", [])
 
 
 def wait_unmounted(claim: Claim) -> None:
@@ -381,9 +386,13 @@ def test_migration_guide_with_volumes_in_use(e2e: E2EEnv, namespace: str, stand_
                  .get("desiredNumberScheduled") == 0 and not kube.pods(DEPLOY_NAMESPACE, NODE_LABELS), timeout=60)
         assert stand_in.process is not None and not stand_in.exited()
 
-        # -- Step 3: the attacher takes ceph-csi's attachments over: attached, no ceph-csi finalizer.
+        # -- Step 3: the attacher continues ceph-csi's attachments as its own. Once it leads, its
+        # first pass replays every attachment; a few seconds later nothing may have changed.
+        wait_for("the controller's attacher started", lambda: "attacher started" in kube.kubectl(
+            "-n", DEPLOY_NAMESPACE, "logs", "-l", CONTROLLER_LABELS, "--tail=-1"), timeout=120)
+        time.sleep(5)
         for claim in claims.values():
-            wait_taken_over(kube, claim)
+            check_taken_over(kube, claim)
 
         # -- Step 4: `pending` sends ceph-csi's plugin away; then `true` lets cephcsi's in.
         label_node(kube, node, "pending")

@@ -17,9 +17,7 @@ from cephcsi.kube.ratelimit import ItemBackoffSettings, ItemExponentialBackoff
 from cephcsi.kube.workqueue import WorkQueue, Workers
 from cephcsi.observability.logging import fields, request_scope
 from cephcsi.sidecars import kubeerrors, objects
-from cephcsi.sidecars.attacher import legacy
 from cephcsi.sidecars.attacher.fencing import Unfencer
-from cephcsi.sidecars.attacher.legacy import LegacyTakeover
 from cephcsi.sidecars.attacher.strategy import AttachStrategy, VolumeFinalizing
 from cephcsi.sidecars.objects import KubeObject
 
@@ -27,25 +25,33 @@ log = logging.getLogger(__name__)
 
 NODE_KEY_PREFIX = "node/"
 REFRESH_FENCED = "fencing/refresh"
+ATTACHMENTS_BY_PV_INDEX = "cephcsi-attacher-by-pv"
+PV_KEY_PREFIX = "pv/"
+"""Work-queue keys for PVs ('/' never appears in a VolumeAttachment name)."""
+
+
+def attachment_pv(attachment: KubeObject) -> list[str]:
+    """Index function: the PV a VolumeAttachment attaches."""
+    pv = (objects.spec(attachment).get("source") or {}).get("persistentVolumeName")
+    return [str(pv)] if pv else []
 
 
 class AttacherLoop:
     def __init__(self, driver_name: str, attachments: Informer, strategy: AttachStrategy, *, workers: int,
                  backoff: ItemBackoffSettings, resync: float = 600.0, volumes: Informer | None = None,
-                 takeover: LegacyTakeover | None = None, nodes: Informer | None = None,
+                 nodes: Informer | None = None,
                  unfencer: Unfencer | None = None, node_id_of: Callable[[str], str] | None = None) -> None:
         self.driver_name = driver_name
         self.attachments = attachments
         self.strategy = strategy
-        # Attachments and PVs left by ceph-csi >= 3.15's attacher (see legacy.py); PV keys are "pv/<name>".
+        # PVs the publishing strategy finalizes; their keys are "pv/<name>".
         self.volumes = volumes
-        self.takeover = takeover
         # Nodes whose out-of-service taint went away: their blocklist entries are removed (fencing.py).
         self.nodes = nodes
         self.unfencer = unfencer
         self.node_id_of = node_id_of or (lambda name: name)
-        if takeover is not None or isinstance(strategy, VolumeFinalizing):
-            attachments.add_indexers({legacy.ATTACHMENTS_BY_PV_INDEX: legacy.attachment_pv})
+        if isinstance(strategy, VolumeFinalizing):
+            attachments.add_indexers({ATTACHMENTS_BY_PV_INDEX: attachment_pv})
         self.workers = workers
         self.backoff = backoff
         self.resync = resync
@@ -68,10 +74,10 @@ class AttacherLoop:
                 work_queue.add(objects.name(attachment))
 
         def deleted(attachment: KubeObject, _unknown: bool) -> None:
-            # The PV it named may now shed the old attacher's finalizer (and ours).
-            if self.takeover is not None or isinstance(self.strategy, VolumeFinalizing):
-                for pv_name in legacy.attachment_pv(attachment):
-                    work_queue.add(legacy.PV_KEY_PREFIX + pv_name)
+            # The PV it named may now shed the attacher's finalizer.
+            if isinstance(self.strategy, VolumeFinalizing):
+                for pv_name in attachment_pv(attachment):
+                    work_queue.add(PV_KEY_PREFIX + pv_name)
 
         registration = self.attachments.add_handler(EventHandler(
             on_add=changed, on_update=lambda _old, new: changed(new), on_delete=deleted, resync_period=self.resync))
@@ -100,15 +106,13 @@ class AttacherLoop:
         return stopped
 
     def _watch_volumes(self, work_queue: WorkQueue[str]) -> HandlerRegistration | None:
-        takeover = self.takeover
         finalizing = self.strategy if isinstance(self.strategy, VolumeFinalizing) else None
-        if (takeover is None and finalizing is None) or self.volumes is None:
+        if finalizing is None or self.volumes is None:
             return None
 
         def changed(pv: KubeObject) -> None:
-            if (takeover is not None and takeover.wants_volume(pv)) or (
-                    finalizing is not None and finalizing.wants_volume(pv)):
-                work_queue.add(legacy.PV_KEY_PREFIX + objects.name(pv))
+            if finalizing.wants_volume(pv):
+                work_queue.add(PV_KEY_PREFIX + objects.name(pv))
 
         return self.volumes.add_handler(EventHandler(
             on_add=changed, on_update=lambda _old, new: changed(new), resync_period=self.resync))
@@ -149,17 +153,12 @@ class AttacherLoop:
                 if node is not None and self.unfencer is not None:
                     self.unfencer.sync(node, self.node_id_of(objects.name(node)))
                 return
-            if name.startswith(legacy.PV_KEY_PREFIX):
-                pv = self.volumes.get(name[len(legacy.PV_KEY_PREFIX):]) if self.volumes is not None else None
-                if pv is not None and self.takeover is not None:
-                    self.takeover.sync_volume(pv)
+            if name.startswith(PV_KEY_PREFIX):
+                pv = self.volumes.get(name[len(PV_KEY_PREFIX):]) if self.volumes is not None else None
                 if pv is not None and isinstance(self.strategy, VolumeFinalizing):
-                    self.strategy.sync_volume(pv, self.attachments.by_index(
-                        legacy.ATTACHMENTS_BY_PV_INDEX, objects.name(pv)))
+                    self.strategy.sync_volume(pv, self.attachments.by_index(ATTACHMENTS_BY_PV_INDEX, objects.name(pv)))
                 return
             attachment = self.attachments.get(name)
             if attachment is None or objects.spec(attachment).get("attacher") != self.driver_name:
                 return
             self.strategy.sync(attachment)
-            if self.takeover is not None:
-                self.takeover.sync_attachment(attachment)

@@ -20,8 +20,13 @@ none (every PV ceph-csi's own manifests provisioned) the provisioner's secret th
 annotations name, then its nodeStageSecretRef: the controller needs some credentials to read and
 write the image's publish record.
 
-The finalizer is `attacher.cephcsi/<driver>`, not external-attacher's name: attachments that
-ceph-csi's csi-attacher finalized keep being finished and released by `legacy.LegacyTakeover`.
+The finalizer is external-attacher's own (`external-attacher/<sanitised driver>`, its
+GetFinalizerName), so an attachment ceph-csi >= 3.15's csi-attacher finalized is simply this
+attacher's: attached ones are left as they are (ceph-csi's ControllerPublish wrote the same
+image-metadata record), deleted ones are unpublished and released as any other, PVs lose it on
+deletion as any other. Going back to ceph-csi is symmetric: its csi-attacher finds its own name.
+An attachment or PV carrying `attacher.cephcsi/<driver>` (the name a development build of this
+attacher used, never released) is handled as ours and moved to the right name.
 """
 from __future__ import annotations
 
@@ -50,6 +55,14 @@ NODE_ID_ANNOTATION = "csi.volume.kubernetes.io/nodeid"
 
 
 def finalizer_for(driver_name: str) -> str:
+    """external-attacher's GetFinalizerName: `external-attacher/` + the driver name with every
+    character outside [a-zA-Z0-9-] turned into '-', and an 'X' after a trailing '-'."""
+    name = re.sub(r"[^a-zA-Z0-9-]", "-", driver_name)
+    return "external-attacher/" + (name + "X" if name.endswith("-") else name)
+
+
+def interim_finalizer_for(driver_name: str) -> str:
+    """The name an unreleased development build used; tolerated, replaced by `finalizer_for`'s."""
     return "attacher.cephcsi/" + re.sub(r"[^a-zA-Z0-9-]", "-", driver_name).strip("-")
 
 
@@ -81,6 +94,7 @@ class PublishingAttach:
         self.api = api
         self.driver_name = driver_name
         self.finalizer = finalizer_for(driver_name)
+        self.interim = interim_finalizer_for(driver_name)
         self.controller = controller
         self.calls = calls
         self.volumes = volumes
@@ -90,20 +104,39 @@ class PublishingAttach:
 
     # ---- VolumeAttachments ---------------------------------------------------------------------
 
+    def _ours(self, obj: Mapping[str, Any]) -> bool:
+        return objects.has_finalizer(obj, self.finalizer) or objects.has_finalizer(obj, self.interim)
+
     def sync(self, attachment: KubeObject) -> None:
         if objects.deleting(attachment):
-            if objects.has_finalizer(attachment, self.finalizer):
+            if self._ours(attachment):
                 self._detach(attachment)
             return
-        if objects.status(attachment).get("attached") and objects.has_finalizer(attachment, self.finalizer):
+        if objects.status(attachment).get("attached") and self._ours(attachment):
+            # Attached by this attacher or by ceph-csi's (same finalizer, same publish record):
+            # external-attacher has nothing to do here either.
+            self._rename_finalizer(attachment)
             return
         self._attach(attachment)
+
+    def _rename_finalizer(self, attachment: KubeObject) -> None:
+        """The interim name → external-attacher's, the new one first so it is never unguarded."""
+        if not objects.has_finalizer(attachment, self.interim):
+            return
+        name = objects.name(attachment)
+        if not objects.has_finalizer(attachment, self.finalizer):
+            self.api.add_attachment_finalizer(name, self.finalizer)
+        self.api.remove_attachment_finalizer(name, self.interim)
+        log.info("VolumeAttachment finalizer renamed", extra=fields(
+            attachment=name, old=self.interim, new=self.finalizer))
 
     def _attach(self, attachment: KubeObject) -> None:
         name = objects.name(attachment)
         pv = self._pv(attachment)
         if not objects.has_finalizer(attachment, self.finalizer):
             self.api.add_attachment_finalizer(name, self.finalizer)
+        if objects.has_finalizer(attachment, self.interim):
+            self.api.remove_attachment_finalizer(name, self.interim)
         if pv is not None and not objects.has_finalizer(pv, self.finalizer):
             self.api.add_pv_finalizer(objects.name(pv), self.finalizer)
         try:
@@ -132,21 +165,35 @@ class PublishingAttach:
             except CephCSIError as error:
                 self.api.save_detach_error(name, str(error))
                 raise
-        # markAsDetached: status first, then the finalizer.
+        # markAsDetached: status first, then the finalizer (and the interim name, if it is there).
         self.api.mark_detached(name)
-        self.api.remove_attachment_finalizer(name, self.finalizer)
+        for finalizer in (self.finalizer, self.interim):
+            if objects.has_finalizer(attachment, finalizer):
+                self.api.remove_attachment_finalizer(name, finalizer)
         log.info("VolumeAttachment detached", extra=fields(attachment=name, node=spec.get("nodeName")))
 
     # ---- PersistentVolumes ---------------------------------------------------------------------
 
     def wants_volume(self, pv: Mapping[str, Any]) -> bool:
-        return objects.has_finalizer(pv, self.finalizer)
+        return self._ours(pv)
 
     def sync_volume(self, pv: Mapping[str, Any], attachments: list[KubeObject]) -> None:
-        if not objects.has_finalizer(pv, self.finalizer) or not objects.deleting(pv) or attachments:
+        """external-attacher's PV rule: its finalizer goes once the PV is being deleted and no
+        VolumeAttachment names it; before that, only the interim name is replaced."""
+        name = objects.name(pv)
+        present = [f for f in (self.finalizer, self.interim) if objects.has_finalizer(pv, f)]
+        if not present:
             return
-        self.api.remove_pv_finalizer(objects.name(pv), self.finalizer)
-        log.info("attacher finalizer removed from PV", extra=fields(pv=objects.name(pv)))
+        if objects.deleting(pv) and not attachments:
+            for finalizer in present:
+                self.api.remove_pv_finalizer(name, finalizer)
+            log.info("attacher finalizer removed from PV", extra=fields(pv=name))
+            return
+        if self.interim in present and not objects.deleting(pv):  # (no finalizer can be added then)
+            if self.finalizer not in present:
+                self.api.add_pv_finalizer(name, self.finalizer)
+            self.api.remove_pv_finalizer(name, self.interim)
+            log.info("PV finalizer renamed", extra=fields(pv=name, old=self.interim, new=self.finalizer))
 
     # ---- requests ------------------------------------------------------------------------------
 

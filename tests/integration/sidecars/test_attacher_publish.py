@@ -24,7 +24,7 @@ from tests.integration.sidecars.harness import new_prefix, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube, pytest.mark.ceph]
 
-FINALIZER = "attacher.cephcsi/rbd-csi-ceph-com"
+FINALIZER = "external-attacher/rbd-csi-ceph-com"  # external-attacher's, as ceph-csi's csi-attacher
 TAINT = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
 FENCE_SECRET = ("ceph-secrets", "csi-fence-secret")
 

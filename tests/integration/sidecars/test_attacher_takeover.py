@@ -1,11 +1,13 @@
 """After a switch from ceph-csi >= 3.15 (whose csi-attacher runs external-attacher's real
-handler): VolumeAttachments and PVs carry the finalizer `external-attacher/rbd-csi-ceph-com`.
-On the real apiserver and kube-controller-manager, with objects in exactly the state
-external-attacher leaves (csi_handler.go: VA finalizer + `csi.alpha.kubernetes.io/node-id`
-annotation + status attached/attachmentMetadata; PV finalizer), cephcsi's embedded attacher takes
-them over: a live attachment stays attached and loses the finalizer, an attachment whose detach
-hung (deleted while no attacher ran) goes away, and the PV finalizers go once no attachment
-names the PV. Also: a static PV with reclaimPolicy Delete is never deleted, and says why."""
+handler): VolumeAttachments and PVs carry the finalizer `external-attacher/rbd-csi-ceph-com`,
+which is also the embedded attacher's own. On the real apiserver and kube-controller-manager, with
+objects in exactly the state external-attacher leaves (csi_handler.go: VA finalizer +
+`csi.alpha.kubernetes.io/node-id` annotation + status attached/attachmentMetadata; PV finalizer),
+cephcsi's attacher simply continues: a live attachment stays attached with the finalizer, an
+attachment whose detach hung (deleted while no attacher ran) is finished, a live one is detached
+normally when its pod goes, and the PVs can then be deleted. Objects carrying the name an
+unreleased development build used (`attacher.cephcsi/...`) are moved to the right one. Also: a
+static PV with reclaimPolicy Delete is never deleted, and says why."""
 from __future__ import annotations
 
 import time
@@ -22,7 +24,8 @@ from tests.integration.sidecars.harness import wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.kube]
 
 DRIVER = "rbd.csi.ceph.com"
-OLD = "external-attacher/rbd-csi-ceph-com"
+FINALIZER = "external-attacher/rbd-csi-ceph-com"
+INTERIM = "attacher.cephcsi/rbd-csi-ceph-com"
 NODE_ID_ANNOTATION = "csi.alpha.kubernetes.io/node-id"
 
 
@@ -43,16 +46,17 @@ def attachment_of(env: Env, pv: str) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
-def leave_upstream_state(env: Env, pv: str, node: str) -> str:
+def leave_upstream_state(env: Env, pv: str, node: str, finalizer: str = FINALIZER) -> str:
     """What external-attacher's csiAttach + markAsAttached leave after a successful attach."""
     found = wait_for(f"the attach-detach controller to create the VolumeAttachment of {pv}", lambda: attachment_of(env, pv))
     assert found is not None
     name = found["metadata"]["name"]
     storage = env.kube.storage
-    storage.patch_volume_attachment(name, {"metadata": {"finalizers": [OLD], "annotations": {NODE_ID_ANNOTATION: node}}})
+    storage.patch_volume_attachment(name, {"metadata": {"finalizers": [finalizer],
+                                                        "annotations": {NODE_ID_ANNOTATION: node}}})
     storage.patch_volume_attachment_status(name, {"status": {"attached": True,
                                                              "attachmentMetadata": {"publishedBy": "ceph-csi"}}})
-    env.kube.core.patch_persistent_volume(pv, {"metadata": {"finalizers": [OLD]}})
+    env.kube.core.patch_persistent_volume(pv, {"metadata": {"finalizers": [finalizer]}})
     return str(name)
 
 
@@ -69,43 +73,51 @@ def va(env: Env, name: str) -> dict[str, Any] | None:
         raise
 
 
-def test_attachments_left_by_ceph_csi_attacher_are_taken_over(env: Env, start_controllers: StartControllers,
-                                                                kube_namespace: str) -> None:
+def test_attachments_left_by_ceph_csi_attacher_are_its_own(env: Env, start_controllers: StartControllers,
+                                                            kube_namespace: str) -> None:
     kube, suffix = env.kube, uuid.uuid4().hex[:6]
     node = f"node-{suffix}"
     kube.create_node(node)
-    live_pv, hung_pv = f"live-{suffix}", f"hung-{suffix}"
-    static_pv(env, live_pv, kube_namespace, "live")
-    static_pv(env, hung_pv, kube_namespace, "hung")
-    kube.create_pod(kube_namespace, "live-app", node, "live")
-    kube.create_pod(kube_namespace, "hung-app", node, "hung")
+    live_pv, hung_pv, dev_pv = f"live-{suffix}", f"hung-{suffix}", f"dev-{suffix}"
+    for pv, claim in ((live_pv, "live"), (hung_pv, "hung"), (dev_pv, "dev")):
+        static_pv(env, pv, kube_namespace, claim)
+        kube.create_pod(kube_namespace, f"{claim}-app", node, claim)
     live_va = leave_upstream_state(env, live_pv, node)
     hung_va = leave_upstream_state(env, hung_pv, node)
-    # ceph-csi is gone: the pod moves away, the attach-detach controller deletes the attachment,
-    # and nobody removes the old attacher's finalizer — the hang the switch used to cause.
+    dev_va = leave_upstream_state(env, dev_pv, node, finalizer=INTERIM)
+    # ceph-csi is gone: the pod moves away and the attach-detach controller deletes the
+    # attachment; nobody runs the detach until an attacher of this driver is back.
     kube.delete_pod(kube_namespace, "hung-app")
     wait_for("the hung detach", lambda: ((va(env, hung_va) or {}).get("metadata") or {}).get("deletionTimestamp"))
 
     start_controllers()
     wait_for("the hung attachment to be finished", lambda: va(env, hung_va) is None)
-    wait_for("the old finalizer to leave the live attachment", lambda: OLD not in finalizers(va(env, live_va)))
+    wait_for("the interim name to be replaced", lambda: finalizers(va(env, dev_va)) == [FINALIZER]
+             and FINALIZER in finalizers(kube.pv(dev_pv)) and INTERIM not in finalizers(kube.pv(dev_pv)))
+    time.sleep(2)  # several attacher passes: the live attachment is left exactly as ceph-csi left it
     live = va(env, live_va) or {}
-    assert live["status"]["attached"] is True
-    assert live["metadata"]["annotations"][NODE_ID_ANNOTATION] == node  # left as the old attacher wrote it
-    wait_for("the hung PV's old finalizer to go", lambda: OLD not in finalizers(kube.pv(hung_pv)))
-    assert OLD in finalizers(kube.pv(live_pv)), "kept while an attachment names the PV"
+    assert live["status"]["attached"] is True and finalizers(live) == [FINALIZER]
+    assert live["status"].get("attachmentMetadata") == {"publishedBy": "ceph-csi"}
+    assert live["metadata"]["annotations"][NODE_ID_ANNOTATION] == node
+    assert (va(env, dev_va) or {})["status"]["attached"] is True
+    # PV finalizers stay until the PVs are deleted, as external-attacher keeps them.
+    assert FINALIZER in finalizers(kube.pv(live_pv)) and FINALIZER in finalizers(kube.pv(hung_pv))
 
-    # From now on detach is the attachment's deletion, as for cephcsi's own attachments.
-    kube.delete_pod(kube_namespace, "live-app")
-    wait_for("the live attachment to be detached", lambda: va(env, live_va) is None)
-    wait_for("the live PV's old finalizer to go", lambda: OLD not in finalizers(kube.pv(live_pv)))
+    # Detach is the ordinary one: ControllerUnpublish, then status and finalizer.
+    for claim, name in (("live", live_va), ("dev", dev_va)):
+        kube.delete_pod(kube_namespace, f"{claim}-app")
+        wait_for(f"the {claim} attachment to be detached", detached(env, name))
 
-    # And the PVs can be deleted (Retain: the images stay).
-    for claim, pv in (("live", live_pv), ("hung", hung_pv)):
+    # And the PVs can be deleted (Retain: the images stay): the finalizer goes with the last attachment.
+    for claim, pv in (("live", live_pv), ("hung", hung_pv), ("dev", dev_pv)):
         kube.delete_pvc(kube_namespace, claim)
         wait_for(f"{pv} Released", released(env, pv))
         kube.delete_pv(pv)
         wait_for(f"{pv} deleted", gone(env, pv))
+
+
+def detached(env: Env, attachment: str) -> Callable[[], bool]:
+    return lambda: va(env, attachment) is None
 
 
 def released(env: Env, pv: str) -> Callable[[], bool]:

@@ -68,8 +68,9 @@ def test_claim_to_bound_pv_attach_detach_and_delete(env: Env, start_controllers:
         if va["spec"]["source"].get("persistentVolumeName") == f"pvc-{uid}" and (va.get("status") or {}).get("attached")])
     assert attachment[0]["spec"]["attacher"] == DRIVER and attachment[0]["spec"]["nodeName"] == node
     # The controller advertises ControllerPublish: the attacher's finalizer holds the attachment
-    # until ControllerUnpublish has run (tests/integration/sidecars/test_attacher_publish.py).
-    assert attachment[0]["metadata"].get("finalizers") == ["attacher.cephcsi/rbd-csi-ceph-com"]
+    # until ControllerUnpublish has run (tests/integration/sidecars/test_attacher_publish.py); it is
+    # external-attacher's name, so ceph-csi's csi-attacher would take it as its own.
+    assert attachment[0]["metadata"].get("finalizers") == ["external-attacher/rbd-csi-ceph-com"]
 
     # Deleting the claim while attached: the PV is Released but must not be deleted yet.
     kube.delete_pod(kube_namespace, "app")

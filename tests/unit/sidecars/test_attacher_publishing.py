@@ -1,6 +1,8 @@
 """The attacher's publishing strategy (external-attacher's real handler) against fakes: the
 order of finalizers, ControllerPublish and status on attach; attachError/detachError on
-failures; markAsDetached before the finalizer goes; secrets and node id resolution."""
+failures; markAsDetached before the finalizer goes; secrets and node id resolution; the
+finalizer is external-attacher's, so attachments ceph-csi's csi-attacher left are ours, and the
+interim development name is replaced."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -10,14 +12,16 @@ import pytest
 
 from cephcsi._generated import csi_pb2
 from cephcsi.errors import CephCSIError, FailedPrecondition
-from cephcsi.sidecars.attacher.publishing import PublishingAttach, finalizer_for, node_id_of
+from cephcsi.sidecars.attacher.publishing import PublishingAttach, finalizer_for, interim_finalizer_for, node_id_of
 from cephcsi.sidecars.objects import KubeObject
 from tests.unit.sidecars.fixtures import FakeInformer
 
 pytestmark = pytest.mark.unit
 
 DRIVER = "rbd.csi.ceph.com"
-FINALIZER = "attacher.cephcsi/rbd-csi-ceph-com"
+FINALIZER = "external-attacher/rbd-csi-ceph-com"
+"""What ceph-csi's csi-attacher (external-attacher) puts on VolumeAttachments and PVs."""
+INTERIM = "attacher.cephcsi/rbd-csi-ceph-com"
 
 
 class Api:
@@ -164,4 +168,63 @@ def test_node_id_from_csinode_then_annotation_then_name() -> None:
     assert node_id_of("n1", DRIVER, csinodes, nodes) == "id-1"  # type: ignore[arg-type]
     assert node_id_of("n2", DRIVER, csinodes, nodes) == "id-2"  # type: ignore[arg-type]
     assert node_id_of("n3", DRIVER, csinodes, nodes) == "n3"  # type: ignore[arg-type]
+
+
+def test_finalizer_is_external_attachers_name() -> None:
     assert finalizer_for(DRIVER) == FINALIZER
+    assert finalizer_for("x.") == "external-attacher/x-X"  # never ends with '-'
+    assert finalizer_for("a_b/c") == "external-attacher/a-b-c"
+    assert interim_finalizer_for(DRIVER) == INTERIM
+
+
+def test_attachment_ceph_csi_attached_is_ours_and_detached_normally() -> None:
+    """As external-attacher leaves it: its finalizer, the node-id annotation, attached."""
+    api, controller = Api(), Controller()
+    handler = strategy(api, controller, pv())
+    left = va(attached=True, finalizers=(FINALIZER,))
+    left["metadata"]["annotations"] = {"csi.alpha.kubernetes.io/node-id": "n1"}
+    handler.sync(left)
+    assert not api.calls and not controller.requests  # nothing to do, as for our own
+    left["metadata"]["deletionTimestamp"] = "2030-01-01T00:00:00Z"
+    handler.sync(left)
+    assert isinstance(controller.requests[0], csi_pb2.ControllerUnpublishVolumeRequest)
+    assert api.calls == [("mark_detached", "csi-va"), ("remove_va_finalizer", "csi-va", FINALIZER)]
+
+
+def test_interim_name_on_an_attached_attachment_is_replaced_new_one_first() -> None:
+    api, controller = Api(), Controller()
+    strategy(api, controller, pv()).sync(va(attached=True, finalizers=(INTERIM,)))
+    assert api.calls == [("add_va_finalizer", "csi-va", FINALIZER), ("remove_va_finalizer", "csi-va", INTERIM)]
+    assert not controller.requests
+
+
+def test_interim_name_on_a_failed_attachment_is_replaced_and_attach_retried() -> None:
+    api, controller = Api(), Controller()
+    strategy(api, controller, pv()).sync(va(finalizers=(INTERIM,)))
+    assert [c[0] for c in api.calls][:3] == ["add_va_finalizer", "remove_va_finalizer", "add_pv_finalizer"]
+    assert api.calls[1] == ("remove_va_finalizer", "csi-va", INTERIM) and api.calls[-1][0] == "mark_attached"
+
+
+def test_deleted_attachment_with_the_interim_name_is_detached() -> None:
+    api, controller = Api(), Controller()
+    strategy(api, controller, pv()).sync(va(deleting=True, attached=True, finalizers=(INTERIM,)))
+    assert controller.requests
+    assert api.calls == [("mark_detached", "csi-va"), ("remove_va_finalizer", "csi-va", INTERIM)]
+
+
+def test_pv_interim_name_is_replaced_while_live_and_dropped_on_deletion() -> None:
+    api = Api()
+    handler = strategy(api, Controller(), pv())
+    live: KubeObject = {"metadata": {"name": "pvc-1", "finalizers": [INTERIM]}}
+    assert handler.wants_volume(live)
+    handler.sync_volume(live, [va()])
+    assert api.calls == [("add_pv_finalizer", "pvc-1", FINALIZER), ("remove_pv_finalizer", "pvc-1", INTERIM)]
+    api.calls.clear()
+    # Being deleted: no finalizer can be added; the old name waits for the last attachment.
+    deleting: KubeObject = {"metadata": {"name": "pvc-1", "finalizers": [INTERIM],
+                                         "deletionTimestamp": "2030-01-01T00:00:00Z"}}
+    handler.sync_volume(deleting, [va()])
+    assert not api.calls
+    handler.sync_volume(deleting, [])
+    assert api.calls == [("remove_pv_finalizer", "pvc-1", INTERIM)]
+    assert not handler.wants_volume({"metadata": {"name": "other", "finalizers": ["external-attacher/other-X"]}})
