@@ -1,84 +1,37 @@
 """Snapshot and restore on the real node: a pod writes, a VolumeSnapshot of its claim becomes
 readyToUse, a claim restored from it binds, and a second pod reads the data back.
 
-The snapshot CRDs and the upstream snapshot-controller (kubernetes-csi/external-snapshotter,
-built and cached by tests/controlplane/snapshotter_build.sh) are cluster-wide add-ons a user
-installs once (docs/snapshots.md); here the controller runs on the host against the node's
-apiserver, as tests/integration/sidecars/test_snapshotter.py runs it. cephcsi's controller
-notices the CRDs by itself (it checks discovery while they are missing) and starts its
-embedded snapshotter. The VolumeSnapshotClass is deploy/examples/snapshots/snapshotclass.yaml
-with its placeholder (clusterID) filled in.
+The snapshot CRDs, the upstream snapshot-controller and the example VolumeSnapshotClass are the
+cluster-wide add-on of tests/e2e/snapshot_addon.py.
 """
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import kubernetes.client
 import pytest
-import yaml
 
-from tests.e2e.env import DEPLOY, IMAGE, STORAGE_CLASS, E2EEnv
+from tests.e2e.env import IMAGE, STORAGE_CLASS, E2EEnv
 from tests.e2e.kube import image_name, wait_for
+from tests.e2e.snapshot_addon import GROUP, VERSION, start_snapshot_addon
 from tests.e2e.test_volumes import IDLE, delete_claim, provision
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420, func_only=True)]
 
-BUILD = Path(__file__).resolve().parents[1] / "controlplane" / "snapshotter_build.sh"
-GROUP, VERSION = "snapshot.storage.k8s.io", "v1"
-SNAPSHOT_CLASS = "csi-rbd-snapclass"
 READY_TIMEOUT = 180.0
 """CRDs noticed by the controller (discovery every 30 s) + CreateSnapshot on a shared node."""
 
 
-def _established(extensions: kubernetes.client.ApiextensionsV1Api, name: str) -> bool:
-    conditions = extensions.read_custom_resource_definition(name).status.conditions or []
-    return any(c.type == "Established" and c.status == "True" for c in conditions)
-
-
-def _snapshots(custom: kubernetes.client.CustomObjectsApi) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = custom.list_cluster_custom_object(GROUP, VERSION, "volumesnapshots")["items"]
-    return items
-
-
 @pytest.fixture(scope="module")
 def snapshot_class(e2e: E2EEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The snapshot CRDs, the snapshot-controller running and the example VolumeSnapshotClass;
-    its name. The controller is stopped only after every VolumeSnapshot is gone (it removes
-    their finalizers; without it the test namespaces could never be deleted)."""
-    out = Path(subprocess.run([str(BUILD)], check=True, capture_output=True, text=True,
-                              timeout=3600).stdout.strip().splitlines()[-1])
-    extensions = kubernetes.client.ApiextensionsV1Api(e2e.kube.api)
-    for path in sorted((out / "crd").glob("*.yaml")):
-        body = yaml.safe_load(path.read_text())
-        try:
-            extensions.create_custom_resource_definition(body)
-        except kubernetes.client.ApiException as error:
-            if error.status != 409:
-                raise
-        name = body["metadata"]["name"]
-        wait_for(f"CRD {name} established", lambda: _established(extensions, name), timeout=60)
-    log_path = tmp_path_factory.mktemp("snapctl") / "snapshot-controller.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen([str(out / "bin" / "snapshot-controller"), f"--kubeconfig={e2e.node.kubeconfig}",
-                                    "--leader-election=false", "--retry-interval-start=500ms",
-                                    "--retry-interval-max=5s", "--v=2"], stdout=log, stderr=subprocess.STDOUT)
-    custom = kubernetes.client.CustomObjectsApi(e2e.kube.api)
+    """The snapshot add-on running (tests/e2e/snapshot_addon.py); the VolumeSnapshotClass's name."""
+    addon = start_snapshot_addon(e2e, tmp_path_factory.mktemp("snapctl") / "snapshot-controller.log")
     try:
-        docs = list(yaml.safe_load_all((DEPLOY / "examples" / "snapshots" / "snapshotclass.yaml").read_text()))
-        snapclass = next(d for d in docs if d["kind"] == "VolumeSnapshotClass")
-        snapclass["parameters"]["clusterID"] = e2e.ceph.cluster_id
-        custom.create_cluster_custom_object(GROUP, VERSION, "volumesnapshotclasses", snapclass)
-        yield str(snapclass["metadata"]["name"])
+        yield addon.class_name
     finally:
-        try:
-            wait_for("every VolumeSnapshot deleted", lambda: not _snapshots(custom), timeout=120)
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
+        addon.stop()
 
 
 def snapshot(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any]:
