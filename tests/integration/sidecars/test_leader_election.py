@@ -26,7 +26,9 @@ def test_graceful_stop_hands_the_lease_over_at_once(env: Env, start_controllers:
     assert isinstance(leader, ControllerProcess)
     standby = next(r for r in replicas if r is not leader)
     assert not standby.is_leader()
-    assert standby.http("/readyz")[0] == 200, "a standby is ready (warm caches) without the Lease"
+    # A standby gets ready (warm caches) without the Lease, once its informers have synced.
+    wait_for("the standby ready", lambda: standby.http("/readyz")[0] == 200)
+    assert not standby.is_leader()
     began = time.monotonic()
     assert leader.stop() == 0
     wait_for("the standby to lead", standby.is_leader, timeout=10, interval=0.1)
