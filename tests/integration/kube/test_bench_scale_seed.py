@@ -21,7 +21,7 @@ def test_seeded_claims_are_bound_and_attached() -> None:
     try:
         api.create("/api/v1/namespaces", {"metadata": {"name": "seed"}})
         seed = m.Seed(namespace="seed", storage_class="sc", secret=("sns", "sec"), cluster_id="c1", pool="rbd",
-                      attacher_finalizer="attacher.cephcsi/rbd-csi-ceph-com")
+                      attacher_finalizer="external-attacher/rbd-csi-ceph-com")
         scale_seed.seed_nodes(api)
         done = scale_seed.seed_claims(api, seed, 0, 6, threads=3)
         assert done.errors == [] and done.requests == 6 * 6

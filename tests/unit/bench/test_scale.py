@@ -13,7 +13,7 @@ from bench.sections import scale
 pytestmark = pytest.mark.unit
 
 SEED = m.Seed(namespace="ns", storage_class="sc", secret=("sns", "sec"), cluster_id="c1", pool="rbd",
-              attacher_finalizer="attacher.cephcsi/rbd-csi-ceph-com")
+              attacher_finalizer="external-attacher/rbd-csi-ceph-com")
 UTC = datetime.timezone.utc
 
 
