@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import shlex
+import time
+from collections.abc import Callable
 
 from tests.vm.plugin import KUBELET_DIR
-from tests.vm.machine import VmNode
+from tests.vm.machine import VmNode, scaled
 
 PAYLOAD_MB = 4
 
@@ -54,3 +56,19 @@ def fs_bytes(vm: VmNode, path: str) -> int:
 
 def device_bytes(vm: VmNode, device: str) -> int:
     return int(vm.check(f"blockdev --getsize64 {shlex.quote(device)}", timeout=30).strip())
+
+
+def acknowledged(vm: VmNode, ack: str) -> int:
+    """How many writes tests/vm/writer.py has acknowledged (lines in its ack file)."""
+    return int(vm.check(f"cat {ack} 2>/dev/null | wc -l", timeout=30).strip() or 0)
+
+
+def wait_for_progress(vm: VmNode, ack: str, beyond: int, timeout: float,
+                      explain: Callable[[], str] = lambda: "") -> int:
+    """Wait until the writer acknowledged more than `beyond` writes; the count."""
+    deadline = time.monotonic() + scaled(timeout)
+    while (count := acknowledged(vm, ack)) <= beyond:
+        assert time.monotonic() < deadline, (f"the writer made no progress beyond {beyond} acknowledged writes:\n"
+                                             f"{vm.read_file('writer.log')[-2000:]}\n{explain()}")
+        time.sleep(0.5)
+    return count

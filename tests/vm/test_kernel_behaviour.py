@@ -2,15 +2,18 @@
 a krbd volume is in use, and krbd's read-affinity options."""
 from __future__ import annotations
 
-import time
-
 import grpc
 import pytest
 
 from tests.integration.node.conftest import expect_code
 from tests.vm.conftest import VmEnv, VmVolume, block_cap, mount_cap
-from tests.vm.guestio import kubelet_mounts, read_payload, stage_record, write_payload
-from tests.vm.machine import scaled
+from tests.vm.guestio import (
+    kubelet_mounts,
+    read_payload,
+    stage_record,
+    wait_for_progress,
+    write_payload,
+)
 
 # 900 s: the first test also waits for the VM to boot under TCG (up to ~8 minutes on a loaded host).
 pytestmark = [pytest.mark.vm, pytest.mark.ceph, pytest.mark.timeout(900)]
@@ -38,17 +41,8 @@ def test_image_feature_krbd_cannot_map_is_a_clear_error_with_nothing_left(vm_env
     assert vm_env.mapped("nbd") == ""
 
 
-def _acknowledged(env: VmEnv, ack: str) -> int:
-    return int(env.vm.check(f"cat {ack} 2>/dev/null | wc -l", timeout=30).strip() or 0)
-
-
 def _wait_for_progress(env: VmEnv, ack: str, beyond: int, timeout: float = 90) -> int:
-    deadline = time.monotonic() + scaled(timeout)
-    while (count := _acknowledged(env, ack)) <= beyond:
-        assert time.monotonic() < deadline, (f"the writer made no progress beyond {beyond} acknowledged writes: "
-                                             f"{env.vm.read_file('writer.log')[-2000:]}")
-        time.sleep(0.5)
-    return count
+    return wait_for_progress(env.vm, ack, beyond, timeout)
 
 
 def test_plugin_killed_under_load_loses_no_acknowledged_write(vm_env: VmEnv, make_volume) -> None:  # type: ignore[no-untyped-def]

@@ -12,7 +12,14 @@ import time
 import pytest
 
 from tests.vm.conftest import VmEnv, VmVolume, mount_cap
-from tests.vm.guestio import kubelet_mounts, read_payload, stage_record, write_payload
+from tests.vm.guestio import (
+    acknowledged,
+    kubelet_mounts,
+    read_payload,
+    stage_record,
+    wait_for_progress,
+    write_payload,
+)
 from tests.vm.machine import scaled
 from tests.vm.plugin import STATE_DIR
 
@@ -23,16 +30,11 @@ WRITER = "tests/vm/writer.py"
 
 
 def _acknowledged(env: VmEnv, ack: str) -> int:
-    return int(env.vm.check(f"cat {ack} 2>/dev/null | wc -l", timeout=30).strip() or 0)
+    return acknowledged(env.vm, ack)
 
 
 def _wait_for_progress(env: VmEnv, ack: str, beyond: int, timeout: float = 120) -> int:
-    deadline = time.monotonic() + scaled(timeout)
-    while (count := _acknowledged(env, ack)) <= beyond:
-        assert time.monotonic() < deadline, (f"the writer made no progress beyond {beyond} acknowledged writes:\n"
-                                             f"{env.vm.read_file('writer.log')[-2000:]}\n{env.plugin.log()[-3000:]}")
-        time.sleep(0.5)
-    return count
+    return wait_for_progress(env.vm, ack, beyond, timeout, lambda: env.plugin.log()[-3000:])
 
 
 def _ensure_plugin(env: VmEnv) -> None:
