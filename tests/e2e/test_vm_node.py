@@ -5,7 +5,11 @@ DaemonSet puts the shipped image there as the node plugin, whose `--mounter=auto
 A claim is bound, a pod pinned to the VM node writes to it through a krbd device, the claim is
 grown while the pod runs (ControllerExpandVolume by the embedded resizer, then the kubelet's
 NodeExpandVolume: online resize2fs, which the host node cannot do) and the pod sees the bigger
-filesystem; then pod and claim go and nothing is left mapped or mounted in the VM.
+filesystem; then pod and claim go and nothing is left mapped or mounted in the VM. The same flow
+runs again through rbd-nbd, chosen by a StorageClass's `mounter: rbd-nbd`: the rbd-nbd daemon runs
+in the node plugin's container and binds the device through the kernel's netlink interface
+(Tentacle's rbd-nbd always does where the kernel has it); on resize it reconfigures the device's
+size through netlink, which Linux 6.1 honours, so the filesystem grows online there too.
 
 Runs after every other e2e scenario (the module is not in conftest's MODULE_ORDER): while the VM
 node exists, the scheduler could place other scenarios' pods on it. Skips, saying why, where the
@@ -24,8 +28,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.e2e.env import IMAGE, E2EEnv
+from tests.e2e.env import IMAGE, STORAGE_CLASS, E2EEnv, storage_class
 from tests.e2e.kube import CONTROLLER_LABELS, DEPLOY_NAMESPACE, DRIVER, NODE_LABELS, image_name, wait_for
 from tests.e2e.test_expansion import df_bytes, grow, wait_resized
 from tests.e2e.test_volumes import IDLE, delete_claim, fs_type, provision
@@ -42,6 +47,8 @@ MI = 1 << 20
 VM_MEMORY_MB = 3072
 """The guest's Kubernetes node: kubelet, containerd, the node plugin, a test pod and the page cache."""
 STAGING_ROOT = "/var/lib/kubelet/plugins/kubernetes.io/csi"
+NBD_CLASS = "csi-rbd-sc-nbd"
+"""The e2e StorageClass with `mounter: rbd-nbd` (the node's `--mounter=auto` picks krbd)."""
 
 
 @pytest.fixture(scope="module")
@@ -120,11 +127,58 @@ def krbd_images(vm: VmNode) -> list[str]:
     return [entry["name"] for entry in json.loads(out or "[]")]
 
 
-def vm_data_path(vm: VmNode) -> tuple[list[str], list[str], list[str]]:
-    """What the VM's kernel still holds of volumes: krbd images, /sys/bus/rbd devices, staging mounts."""
+def nbd_connected(vm: VmNode) -> list[str]:
+    """The VM's nbd devices a daemon serves (the kernel shows `pid` only while one is connected)."""
+    out = vm.check("cd /sys/block && for pid in nbd*/pid; do [ -e \"$pid\" ] && echo \"${pid%/pid}\"; done; true",
+                   timeout=60)
+    return out.split()
+
+
+def vm_data_path(vm: VmNode) -> tuple[list[str], list[str], list[str], list[str]]:
+    """What the VM's kernel still holds of volumes: krbd images, /sys/bus/rbd devices, connected
+    nbd devices, staging mounts."""
     devices = vm.check("ls /sys/bus/rbd/devices", timeout=60).split()
     staged = [line for line in vm.check("cat /proc/mounts", timeout=60).splitlines() if f" {STAGING_ROOT}/" in line]
-    return krbd_images(vm), devices, staged
+    return krbd_images(vm), devices, nbd_connected(vm), staged
+
+
+def check_mapped(vm: VmNode, mounter: str, image: str) -> str:
+    """The device the staging mount of `image` is on, checked against what `mounter` maps with."""
+    staged = vm.check(f"findmnt -rn -o SOURCE,TARGET | grep ' {STAGING_ROOT}/' || true", timeout=60).split()
+    assert len(staged) == 2, staged
+    device = staged[0]
+    if mounter == "krbd":
+        assert krbd_images(vm) == [image]
+        assert device.startswith("/dev/rbd"), staged
+        return device
+    assert krbd_images(vm) == []
+    name = device.removeprefix("/dev/")
+    assert name.startswith("nbd") and nbd_connected(vm) == [name], (staged, nbd_connected(vm))
+    # The daemon serving it (in the node plugin's container) maps this image.
+    daemon = vm.check(f"tr '\\0' ' ' < /proc/$(cat /sys/block/{name}/pid)/cmdline", timeout=60)
+    assert daemon.split()[0].endswith("rbd-nbd") and image in daemon, daemon
+    # The image's rbd-nbd (Tentacle) binds through the kernel's netlink interface wherever the
+    # kernel offers it, `try-netlink` or not: the device has a `backend` (rbd-nbd's cookie), which
+    # an ioctl-bound one lacks. So the growth below is that of a netlink-bound device.
+    cookie = vm.check(f"cat /sys/block/{name}/backend 2>/dev/null || true", timeout=60).strip()
+    assert cookie, f"{device} is bound through ioctl: the growth below no longer covers netlink"
+    return device
+
+
+@pytest.fixture(params=["krbd", "rbd-nbd"])
+def mounter(request: pytest.FixtureRequest, e2e: E2EEnv) -> Iterator[tuple[str, str]]:
+    """The mapper under test and the StorageClass whose claims it maps: the e2e class (the node's
+    `--mounter=auto`, krbd on this kernel) or one like it with `mounter: rbd-nbd`."""
+    if request.param == "krbd":
+        yield "krbd", STORAGE_CLASS
+        return
+    doc = storage_class(e2e.ceph, NBD_CLASS)
+    doc["parameters"]["mounter"] = "rbd-nbd"
+    e2e.kube.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(doc))
+    try:
+        yield "rbd-nbd", NBD_CLASS
+    finally:
+        e2e.kube.kubectl("delete", "--ignore-not-found", "storageclass", NBD_CLASS)
 
 
 def test_node_plugin_runs_on_the_vm_node(e2e: E2EEnv, vm_kube: VmKubelet) -> None:
@@ -140,12 +194,14 @@ def test_node_plugin_runs_on_the_vm_node(e2e: E2EEnv, vm_kube: VmKubelet) -> Non
         [line for line in metrics.splitlines() if "mapper_info" in line]
 
 
-def test_claim_grows_online_under_a_pod_on_the_vm_node(e2e: E2EEnv, vm_kube: VmKubelet, namespace: str) -> None:
+def test_claim_grows_online_under_a_pod_on_the_vm_node(e2e: E2EEnv, vm_kube: VmKubelet, namespace: str,
+                                                       mounter: tuple[str, str]) -> None:
     kube, vm = e2e.kube, vm_kube.vm
+    mapper, storage_class_name = mounter
     wait_plugin(e2e, vm_kube)
     token = uuid.uuid4().hex
     try:
-        pv = provision(e2e, namespace, "data", size="64Mi")
+        pv = provision(e2e, namespace, "data", storage_class_name, size="64Mi")
     except AssertionError as error:
         raise AssertionError(f"{error}\n{controller_logs(e2e)}") from None
     image = image_name(pv)
@@ -156,15 +212,14 @@ def test_claim_grows_online_under_a_pod_on_the_vm_node(e2e: E2EEnv, vm_kube: VmK
     kube.wait_pod_ready(namespace, "app", timeout=scaled(300))
     assert kube.wait_written(namespace, "app", "/data/token", timeout=scaled(60)) == token
     assert fs_type(e2e, namespace, "app") == "ext4"
-    assert krbd_images(vm) == [image]
-    staged = vm.check(f"findmnt -rn -o SOURCE,TARGET | grep ' {STAGING_ROOT}/' || true", timeout=60)
-    assert staged.startswith("/dev/rbd"), staged
+    device = check_mapped(vm, mapper, image)
     before = df_bytes(e2e, namespace, "app")
     assert 0 < before <= 64 * MI
     started_pod = (kube.pod(namespace, "app") or {})["metadata"]["uid"]
 
     grow(e2e, namespace, "data", 160)
     pv = wait_resized(e2e, namespace, "data", 160)
+    assert int(vm.check(f"blockdev --getsize64 {device}", timeout=60)) == 160 * MI, device
     after = df_bytes(e2e, namespace, "app")
     # ext4 grown online by the whole difference, less the metadata of its new block groups
     # (measured: 54.7 MiB -> 144.4 MiB for 64 -> 160 MiB).
@@ -177,6 +232,6 @@ def test_claim_grows_online_under_a_pod_on_the_vm_node(e2e: E2EEnv, vm_kube: VmK
 
     kube.delete_pod(namespace, "app", timeout=scaled(120))
     # The pod object goes once the kubelet has unpublished; it unstages (unmount, unmap) after.
-    wait_for("nothing mapped or staged in the VM", lambda: vm_data_path(vm) == ([], [], []), scaled(120),
+    wait_for("nothing mapped or staged in the VM", lambda: vm_data_path(vm) == ([], [], [], []), scaled(120),
              interval=2.0, explain=lambda: repr(vm_data_path(vm)))
     delete_claim(e2e, namespace, "data", pv)
