@@ -7,8 +7,8 @@ sizes on the system are the state, so a crash between them needs no recovery):
 1. Device. krbd and rbd-nbd resize their device themselves when the image header changes
    (the kernel client and the rbd-nbd daemon both watch the header), so we only wait for the
    device to report the requested size. Except an rbd-nbd device bound through the kernel's
-   nbd netlink interface (mapOptions `nbd:try-netlink`): the kernel does not resize those
-   while connected (mappers/nbd.py), so after a short look the answer is FAILED_PRECONDITION
+   nbd netlink interface that does not take the new size (rbd-nbd 16.2 cannot resize those;
+   newer rbd-nbd can: mappers/nbd.py), so after a short look the answer is FAILED_PRECONDITION
    saying that a restage brings the new size, not an endless "retry". The fuse mapper has two layers: rbd-fuse reports the
    image's current size as its file's size (checked on the real cluster: `stat` follows an
    `rbd resize` at once), but a loop device keeps the size it had when attached until told

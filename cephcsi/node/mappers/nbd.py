@@ -6,22 +6,24 @@ netlink-bound device (below) waits for a new daemon, and the restarted plugin re
 (cephcsi.node.nbd_healer, from the record nbd_attachments.py keeps); an ioctl-bound device fails
 its I/O from then on. So rbd-nbd suits nodes without krbd rather than being a default.
 
-How the device is bound to the kernel — ioctl (the default here) or netlink — is a trade-off:
-  * ioctl (rbd-nbd without `try-netlink`): the daemon holds the device with NBD_DO_IT and sets
-    its size with NBD_SET_SIZE, also later: when the image grows, rbd-nbd sees the header
-    change and the device follows within a fraction of a second, so NodeExpandVolume grows a
-    mounted filesystem online. If the daemon dies, the kernel drops the device; it cannot be
-    re-attached.
-  * netlink (`mapOptions: "nbd:try-netlink"`; the kernel's nbd netlink interface, with a
-    cookie in /sys/block/nbdX/backend): the kernel keeps the device for `reattach-timeout`
-    seconds after the daemon dies, so a new daemon can re-attach (`rbd-nbd attach`), which
-    the ioctl interface cannot do. But the kernel ignores a size in a netlink reconfigure and
-    refuses NBD_SET_SIZE on a netlink-bound device (checked on Linux 6.1 with rbd-nbd 16.2.15:
-    rbd-nbd logs "resize detected", the device keeps its old size): such a device takes a new
-    size only when it is mapped again. NodeExpandVolume then answers FAILED_PRECONDITION saying
-    so (`resize_blocked`), and the volume comes up at its new size when it is staged again.
-So each way keeps one promise: ioctl (the default here) grows online, netlink (ceph-csi's
-default) survives a plugin restart. A StorageClass chooses with `mapOptions: "nbd:try-netlink"`.
+How the device is bound to the kernel — ioctl or netlink — depends on the rbd-nbd release:
+  * ioctl: the daemon holds the device with NBD_DO_IT and sets its size with NBD_SET_SIZE, also
+    later: when the image grows, rbd-nbd sees the header change and the device follows within
+    a fraction of a second, so NodeExpandVolume grows a mounted filesystem online. If the
+    daemon dies, the kernel drops the device; it cannot be re-attached.
+  * netlink (the kernel's nbd netlink interface, with a cookie in /sys/block/nbdX/backend): the
+    kernel keeps the device for `reattach-timeout` seconds after the daemon dies, so a new
+    daemon can re-attach (`rbd device attach`), which the ioctl interface cannot do. A grown
+    image reaches the device through a netlink reconfigure, which the kernel applies (5.3+);
+    rbd-nbd 16.2 (Pacific) fails to send it (seen on Linux 6.1: "resize detected", the device
+    keeps its old size), newer rbd-nbd does it (the image's Tentacle 20.2 on 6.1, tests/e2e
+    test_vm_node).
+rbd-nbd 16.2 binds with ioctl unless asked `try-netlink` (the default here, so that it grows
+online; `mapOptions: "nbd:try-netlink"` chooses re-attach instead); newer rbd-nbd binds with
+netlink always (the option is accepted and ignored), so with the image's client a volume both
+grows online and survives a plugin restart. Where a netlink-bound device does not take the new
+size, NodeExpandVolume answers FAILED_PRECONDITION saying so (`resize_blocked`), and the
+volume comes up at its new size when it is staged again.
 `reattach-timeout=300` is a default: it only matters with try-netlink, where it is how long the
 kernel waits for a re-attaching daemon (the restarted plugin must come back within it). User
 mapOptions with the same key replace a default. Read-write maps of images with exclusive-lock
@@ -185,9 +187,9 @@ def netlink_bound(device: str, sys_block: str = _SYS_BLOCK) -> bool:
 def resize_blocked(volume_id: str, device: str, size: int, required: int) -> str:
     """Why a netlink-bound device cannot reach `required` bytes, and how the user gets there."""
     return (
-        f"volume {volume_id} is mapped by rbd-nbd at {device} through the kernel's nbd netlink interface "
-        f"(mapOptions 'nbd:try-netlink'), and the kernel does not resize a connected netlink nbd device: it has "
-        f"{size} bytes, not the {required} requested, and will keep them while mapped. The volume comes up at its "
-        "new size when it is staged again (stop the pods using it on this node and start them again); StorageClasses "
-        "without 'try-netlink' in mapOptions map rbd-nbd volumes so that they grow online"
+        f"volume {volume_id} is mapped by rbd-nbd at {device} through the kernel's nbd netlink interface, and "
+        f"the device did not take the image's new size: it has {size} bytes, not the {required} requested "
+        "(rbd-nbd 16.2 cannot resize a netlink-bound device; newer rbd-nbd, as in the cephcsi image, can). The "
+        "volume comes up at its new size when it is staged again (stop the pods using it on this node and start "
+        "them again); with rbd-nbd 16.2, StorageClasses without 'try-netlink' in mapOptions grow online"
     )

@@ -117,7 +117,7 @@ def test_device_that_never_grows_is_a_clear_precondition_failure(tmp_path: Path)
 
 
 def test_netlink_bound_nbd_device_says_restage_instead_of_retry(tmp_path: Path) -> None:
-    # The kernel does not resize a connected netlink nbd device (tests/vm shows it on Linux 6.1).
+    # rbd-nbd 16.2 does not resize a netlink-bound device (tests/vm shows it on Linux 6.1).
     node = Node(tmp_path, NBD, "/dev/nbd3")
     node.expander.netlink_bound = lambda device: device == "/dev/nbd3"
     with pytest.raises(FailedPrecondition) as caught:
