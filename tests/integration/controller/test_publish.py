@@ -21,7 +21,7 @@ import pytest
 import rbd
 
 from cephcsi._generated import csi_pb2
-from cephcsi.ceph import blocklist
+from cephcsi.ceph import blocklist, omap
 from cephcsi.ceph.publish_keys import FENCE_LEDGER, NODE_ADDRESSES
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.helpers import Mode, block_cap, create_request, image_of, mount_cap
@@ -225,11 +225,19 @@ def test_delete_refused_by_a_watcher_names_its_node_and_a_fenced_one_says_to_ret
     volume = driver.controller.CreateVolume(create_request(ceph_cluster)).volume.volume_id
     image = image_of(volume)
     pool = ceph_cluster.pool
+    others: dict[str, str] = {}
     try:
         with admin_ioctx(ceph_cluster) as io, rbd.Image(io, image):  # a read-write open watches the header
             watcher = ceph_cluster.admin("rbd", "status", "--format", "json", f"{pool}/{image}")
             address = json.loads(watcher)["watchers"][0]["address"]
-            ceph_cluster.admin("rados", "-p", pool, "setomapval", NODE_ADDRESSES, "node-w", blocklist.host_of(address))
+            host = blocklist.host_of(address)
+            # Node plugins of other tests in this session reported the same loopback address into
+            # the shared pool: set them aside, so the address names node-w alone.
+            others = {node: value for node, value in (omap.read(io, NODE_ADDRESSES) or {}).items()
+                      if node != "node-w" and value.strip() == host}
+            for node in others:
+                ceph_cluster.admin("rados", "-p", pool, "rmomapkey", NODE_ADDRESSES, node)
+            ceph_cluster.admin("rados", "-p", pool, "setomapval", NODE_ADDRESSES, "node-w", host)
             code, details = code_of(lambda: driver.controller.DeleteVolume(
                 csi_pb2.DeleteVolumeRequest(volume_id=volume, secrets=ceph_cluster.secrets)))
             assert code == grpc.StatusCode.FAILED_PRECONDITION and "(node node-w)" in details, details
@@ -243,6 +251,8 @@ def test_delete_refused_by_a_watcher_names_its_node_and_a_fenced_one_says_to_ret
             assert "nothing to do but retry" in details
     finally:
         ceph_cluster.admin("rados", "-p", pool, "rmomapkey", NODE_ADDRESSES, "node-w")
+        for node, value in others.items():
+            ceph_cluster.admin("rados", "-p", pool, "setomapval", NODE_ADDRESSES, node, value.strip())
         for key in ceph_cluster.admin("rados", "-p", pool, "listomapkeys", FENCE_LEDGER).split():
             if key.startswith("node-w/"):
                 ceph_cluster.admin("rados", "-p", pool, "rmomapkey", FENCE_LEDGER, key)
