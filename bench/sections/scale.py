@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import procstat, report, scale_model, scale_seed
+from bench.kube import wait_until
 from bench.environment import DRIVER_ARGS, Environment
 from bench.model import SectionResult, Table
 from bench.sections.base import Section
@@ -67,15 +68,6 @@ class Start:
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-def _wait(check: Any, timeout: float, interval: float) -> float | None:
-    began = time.monotonic()
-    while not check():
-        if time.monotonic() - began > timeout:
-            return None
-        time.sleep(interval)
-    return time.monotonic() - began
 
 
 def _sum_samples(samples: dict[str, procstat.ProcessSample]) -> tuple[int, int, float]:
@@ -137,7 +129,7 @@ class Bench:
         revision = self.plane.etcd_revision()
         try:
             popen = process.launch()
-            out.synced_s = _wait(lambda: popen.poll() is not None or process.http("/readyz")[0] == 200,
+            out.synced_s = wait_until(lambda: popen.poll() is not None or process.http("/readyz")[0] == 200,
                                  SYNC_TIMEOUT_S, 0.05)
             if popen.poll() is not None:
                 raise RuntimeError(f"cephcsi exited with {popen.returncode}: {process.log()[-600:]}")
@@ -185,7 +177,7 @@ class Bench:
                 return all(scale_model.ready_at(logs[name].read_text(errors="replace"), launched.year,
                                                 GO_KINDS[name], GO_MARKERS[name]) is not None for name in self.go)
 
-            if _wait(synced, SYNC_TIMEOUT_S, 0.1) is None:
+            if wait_until(synced, SYNC_TIMEOUT_S, 0.1) is None:
                 raise RuntimeError("the Go sidecars did not sync in time")
             dead = {n: p.returncode for n, p in popens.items() if p.poll() is not None}
             if dead:
