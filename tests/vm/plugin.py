@@ -22,6 +22,8 @@ PORT = 10000
 SOCKET = "/run/cephcsi/csi.sock"
 KUBELET_DIR = "/var/lib/kubelet"
 STATE_DIR = "/var/lib/cephcsi"
+RUNTIME_DIR = "/run/cephcsi"
+"""tmpfs state kept across plugin restarts (the rbd-nbd re-attach records)."""
 
 
 class GuestPlugin:
@@ -39,6 +41,7 @@ class GuestPlugin:
             GUEST_VENV_PYTHON, "-m", "cephcsi", "--mode=node", f"--endpoint=unix://{SOCKET}",
             f"--nodeid={self.vm.hostname}", f"--config-file={self.vm.guest_path('config.json')}",
             "--sidecars=none", "--log-level=debug", f"--kubelet-dir={KUBELET_DIR}", f"--state-dir={STATE_DIR}",
+            f"--runtime-dir={RUNTIME_DIR}",
             "--mounter=auto", *self.extra_args,
         ]
         repo = shlex.quote(self.vm.repo)

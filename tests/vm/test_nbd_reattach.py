@@ -21,7 +21,7 @@ from tests.vm.guestio import (
     write_payload,
 )
 from tests.vm.machine import scaled
-from tests.vm.plugin import STATE_DIR
+from tests.vm.plugin import RUNTIME_DIR
 
 # 900 s: the first test also waits for the VM to boot under TCG (up to ~8 minutes on a loaded host).
 pytestmark = [pytest.mark.vm, pytest.mark.ceph, pytest.mark.timeout(900)]
@@ -66,7 +66,11 @@ def _nothing_left(env: VmEnv, device: str) -> None:
     assert kubelet_mounts(env.vm) == []
     name = device.removeprefix("/dev/")
     assert not env.vm.run(f"test -e /sys/block/{name}/backend").ok, f"{device} is still bound in the kernel"
-    assert env.vm.check(f"ls {STATE_DIR}/nbd 2>/dev/null | wc -l", timeout=30).strip() == "0", "a re-attach record was left"
+    assert _records(env) == 0, "a re-attach record was left"
+
+
+def _records(env: VmEnv) -> int:
+    return int(env.vm.check(f"ls {RUNTIME_DIR}/nbd 2>/dev/null | wc -l", timeout=30).strip())
 
 
 def test_writer_survives_plugin_and_rbd_nbd_killed(vm_env: VmEnv, make_volume) -> None:  # type: ignore[no-untyped-def]
@@ -76,6 +80,7 @@ def test_writer_survives_plugin_and_rbd_nbd_killed(vm_env: VmEnv, make_volume) -
     volume.stage(staging, cap)
     volume.publish(staging, target, cap)
     device = str(stage_record(vm_env.vm, staging)["device"])
+    assert _records(vm_env) == 1, "no re-attach record under --runtime-dir"
     writer = f"{vm_env.vm.repo}/{WRITER}"
     ack, stop = "/root/nbd-writer.ack", "/root/nbd-writer.stop"
     vm_env.vm.check(f"rm -f {ack} {stop}")
