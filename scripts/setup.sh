@@ -67,6 +67,10 @@ tests/controlplane/snapshotter_build.sh >/dev/null
 # bench/'s Go gRPC caller (section 1; its integration test runs it): a few seconds, cached by its sources.
 log "building bench/grpccaller (cached after the first run)"
 "$VENV/bin/python" -c "from bench import go_caller; go_caller.build()"
+# The Vault server of the vault/vaulttokens KMS tests (tests/integration/encryption): Vault v1.14.1
+# (MPL-2.0) from the Go module proxy, ~15 min on 2 cores the first time, cached outside the repo.
+log "building the Vault test server (cached after the first run)"
+scripts/build_vault.sh >/dev/null
 # The real-kernel VM node of tests/vm (krbd, rbd-nbd): a debootstrapped bookworm disk image with
 # the driver's dependencies, cached by a hash of its recipe (~3-4 minutes the first time).
 log "building the VM test node image (cached after the first run)"
