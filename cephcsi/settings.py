@@ -119,6 +119,8 @@ class Settings:
     instance_id: str = "default"
     """Journal instance: drivers sharing a pool with different ids keep separate name spaces."""
     config_file: str = "/etc/ceph-csi-config/config.json"
+    kms_config: str = "/etc/ceph-csi-encryption-kms-config/config.json"
+    """The KMS sections encrypted volumes name (encryptionKMSID), ceph-csi's ConfigMap format."""
     log_level: str = "info"
     log_json: bool = False
     grpc_workers: int = 32

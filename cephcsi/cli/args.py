@@ -86,6 +86,8 @@ def _driver_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--nodeid", default="", help="this node's name; required with --mode=node/all")
     g.add_argument("--instanceid", default="default", help="journal instance id (default %(default)s)")
     g.add_argument("--config-file", default="/etc/ceph-csi-config/config.json", help="cluster list, ceph-csi format")
+    g.add_argument("--kms-config", default="/etc/ceph-csi-encryption-kms-config/config.json",
+                   help="KMS configuration of encrypted volumes, ceph-csi's ceph-csi-encryption-kms-config format")
     g.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     g.add_argument("--log-json", type=_bool, nargs="?", const=True, default=False, help="log JSON lines")
     g.add_argument("--grpc-workers", type=_positive(int), default=32, help="concurrent CSI calls")
@@ -189,6 +191,7 @@ def _settings(a: argparse.Namespace, parser: argparse.ArgumentParser) -> Setting
         driver_name=a.drivername,
         instance_id=a.instanceid,
         config_file=a.config_file,
+        kms_config=a.kms_config,
         log_level=a.log_level,
         log_json=a.log_json,
         grpc_workers=a.grpc_workers,

@@ -8,6 +8,7 @@ the controller-mode loops, the registrar) is `cephcsi.cli.sidecar_wiring`, impor
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from cephcsi.csi.controller import ControllerServicer
 from cephcsi.csi.identity import IdentityOptions, IdentityServicer
 from cephcsi.csi.server import CSIServer
 from cephcsi.csi.services import Services
+from cephcsi.encryption.volume_keys import VolumeKeys
 from cephcsi.observability.health import HealthRegistry
 from cephcsi.settings import Settings
 from cephcsi.volumes.clones import Cloner
@@ -51,6 +53,7 @@ def build_controller(settings: Settings, clusters: ClusterRegistry, keeper: Leas
         inline_purge_seconds=settings.ceph.inline_purge_seconds,
         cloner=Cloner(policy, settings.instance_id, settings.ceph.journal_lock_seconds, keeper),
         keeper=keeper,
+        keys=VolumeKeys(settings.kms_config, namespace=os.environ.get("POD_NAMESPACE", "")),
     )
     publisher = Publisher(clusters, manager.connections, manager.read_record, mon_timeout=settings.ceph.mon_op_timeout)
     # Without Kubernetes the controller knows only its own node (--mode=all); the sidecar wiring

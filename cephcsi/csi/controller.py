@@ -6,6 +6,7 @@ import logging
 from cephcsi._generated import csi_pb2, csi_pb2_grpc
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.csi.capabilities import SINGLE_NODE_MODES, check_well_formed, require_supported, unsupported_reason
+from cephcsi.csi.capacity import CapacityRpcs
 from cephcsi.csi.rpc import ServicerBase, rpc
 from cephcsi.csi.snapshots import SnapshotRpcs, content_source, content_source_message
 from cephcsi.errors import InvalidArgument, NotFound, Unimplemented
@@ -23,14 +24,14 @@ log = logging.getLogger(__name__)
 _RPC = csi_pb2.ControllerServiceCapability.RPC
 STATIC_VOLUME = "staticVolume"
 CAPABILITIES = (_RPC.CREATE_DELETE_VOLUME, _RPC.SINGLE_NODE_MULTI_WRITER, _RPC.EXPAND_VOLUME,
-                _RPC.CREATE_DELETE_SNAPSHOT, _RPC.LIST_SNAPSHOTS, _RPC.CLONE_VOLUME)
+                _RPC.CREATE_DELETE_SNAPSHOT, _RPC.LIST_SNAPSHOTS, _RPC.CLONE_VOLUME, _RPC.GET_CAPACITY)
 PUBLISH_CAPABILITIES = (_RPC.PUBLISH_UNPUBLISH_VOLUME,)
 """With a Publisher: ControllerPublish records the node holding the volume and refuses a second
 writer node; ControllerUnpublish fences a node out of service (cephcsi.volumes.publish)."""
 MAX_NAME_LENGTH = 255
 
 
-class ControllerServicer(SnapshotRpcs, ServicerBase, csi_pb2_grpc.ControllerServicer):
+class ControllerServicer(SnapshotRpcs, CapacityRpcs, ServicerBase, csi_pb2_grpc.ControllerServicer):
     service_name = "Controller"
 
     def __init__(self, volumes: VolumeManager, driver_name: str, slow_call_seconds: float = 10.0,
@@ -67,6 +68,7 @@ class ControllerServicer(SnapshotRpcs, ServicerBase, csi_pb2_grpc.ControllerServ
                 credentials=Credentials.from_secrets(request.secrets),
                 metadata=image_owner.from_parameters(request.parameters),
                 source=source,
+                secrets=request.secrets,
             )
         )
         return csi_pb2.CreateVolumeResponse(

@@ -40,6 +40,9 @@ RECORD_KMS_KEY = "csi.volume.encryptKMS"
 RECORD_TYPE_KEY = "csi.volume.encryptionType"
 """The journal record's keys (ceph-csi's voljournal.go) naming a volume's KMS id and type."""
 
+IMAGE_KEPT_TYPES = ("metadata",)
+"""KMS types that keep the passphrase in the image only (nothing to remove after a delete)."""
+
 PASSPHRASE_BYTES = 20
 MAPPER_PREFIX = "luks-rbd-"
 
@@ -160,6 +163,9 @@ class VolumeKeys:
                    tenant: str = "") -> None:
         """After the image is gone: forget the passphrase a KMS keeps for it (nothing to do for
         the types that kept it in the image). Retry-safe: nothing kept counts as removed."""
+        if spec.is_default_kms or registry.type_of(
+                spec.kms_id, kms_config.section(self.kms_config_path, spec.kms_id)) in IMAGE_KEPT_TYPES:
+            return  # nothing outside the image; building the KMS would only read its secret
         kms = self.kms(spec, secrets, tenant)
         try:
             if not kms.dek_in_image:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import rados
@@ -22,7 +22,10 @@ from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal, NotFound, OperationInFlight
 from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
+from cephcsi.encryption import volume_keys
+from cephcsi.encryption.volume_keys import VolumeKeys
 from cephcsi.volumes import clones, dependents, failpoints, new_images, split_journal
+from cephcsi.volumes.encrypted import OWNER_KEY, Encryption
 from cephcsi.volumes.capacity import fits
 from cephcsi.volumes.journal import PLANNED_IMAGE_ID, VOLUMES, Claim, Hold, Journal, Record, pending_metadata_values
 from cephcsi.volumes.parameters import VolumeParameters
@@ -45,6 +48,8 @@ class CreateRequest:
     """Image metadata to hold (--extra-create-metadata owner keys, cephcsi.volumes.metadata)."""
     source: clones.ContentSource | None = None
     """Snapshot to restore or volume to clone (cephcsi.volumes.clones)."""
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """The call's raw secrets: an encrypted volume's KMS reads its passphrase there."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,7 @@ class VolumeManager:
         cloner: clones.Cloner | None = None,
         *,
         keeper: LeaseKeeper,
+        keys: VolumeKeys | None = None,
     ) -> None:
         self.clusters = clusters
         self.keeper = keeper
@@ -87,6 +93,7 @@ class VolumeManager:
         self.inline_purges = trash.InlinePurges(inline_purge_seconds)
         self.cloner = cloner
         """None when snapshots and clones are not enabled."""
+        self.encryption = Encryption(keys or VolumeKeys(), instance_id, journal_lock_seconds, keeper)
 
     def _journal(self, io: rados.Ioctx) -> Journal:
         return Journal(io, self.instance_id, VOLUMES, lock_seconds=self.journal_lock_seconds, keeper=self.keeper)
@@ -97,6 +104,15 @@ class VolumeManager:
         with self.name_locks.hold(request.name), self.connections.session(cluster, request.credentials) as session:
             with session.ioctx(params.pool) as io:
                 journal = self._journal(io)
+                # Refused before anything is reserved: an unknown KMS, or a clone or restore whose
+                # encryption differs from its source's (ceph-csi's rule).
+                self.encryption.check(params.encryption)
+                if request.source is not None:
+                    found = self.encryption.source(session, request.source)
+                    self.encryption.require_compatible(params.encryption, request.source, found)
+                encrypted = volume_keys.record_values(params.encryption)
+                if encrypted and params.tenant:
+                    encrypted[OWNER_KEY] = params.tenant
                 # The owner keys of a new image are written after the answer; until then the
                 # record keeps them (journal.PENDING_METADATA). Clones get theirs before.
                 pending = pending_metadata_values(request.metadata) if request.source is None else {}
@@ -120,7 +136,7 @@ class VolumeManager:
                     order = new_images.hand_order(session, io, request) if fresh else None
                     planned = {PLANNED_IMAGE_ID: image_create.new_image_id()} if order is not None else {}
                     claim = Claim(request.name, f"{params.name_prefix}{uuid}",
-                                  {**clones.record_values(request.source), **pending, **planned})
+                                  {**clones.record_values(request.source), **pending, **planned, **encrypted})
                     # A uuid this call just reserved has no record yet: the hold writes it.
                     with journal.locked(uuid, claim if fresh else None) as hold:
                         # Between the reserve and the lock, another process's find()
@@ -142,6 +158,16 @@ class VolumeManager:
                             image_id, size, made = new_images.ensure(session, io, request, journal, record, fresh, order)
                         if record.get(PLANNED_IMAGE_ID):
                             hold.forget_on_release(PLANNED_IMAGE_ID)
+                        volume_id = VolumeId(params.cluster_id, io.get_pool_id(), uuid)
+                        if params.encryption is not None:
+                            # Before the answer, after the image: a crash between the two leaves
+                            # an image without a passphrase, which the retry gives one (never a
+                            # second: create_key keeps one already kept).
+                            hold.ensure_held()
+                            self.encryption.settle(session, io, record.image_name, volume_id.encode(),
+                                                   params.encryption, request.source, request.secrets,
+                                                   params.tenant)
+                            failpoints.reach("create.after-key")
                         # A new image's id ('' when librbd chose it: read then) is journaled
                         # behind the answer.
                         if made and request.metadata and record.pending_metadata() == dict(request.metadata):
@@ -158,7 +184,7 @@ class VolumeManager:
                                 # Journaled with the lease's release (Hold.set_image_id_on_release).
                                 hold.set_image_id_on_release(image_id)
                         return Volume(
-                            volume_id=VolumeId(params.cluster_id, io.get_pool_id(), uuid),
+                            volume_id=volume_id,
                             size=size,
                             image_name=record.image_name,
                             context=params.volume_context(record.image_name, cluster.rados_namespace),
@@ -261,11 +287,12 @@ class VolumeManager:
                 # Locked even when no record is visible: a create that was killed right after
                 # locking leaves an empty record object, which this removes.
                 with journal.locked(volume_id.object_uuid, read=True) as hold:
-                    self._delete_locked(session, io, pool, journal, hold, volume_id.object_uuid)
+                    self._delete_locked(session, io, pool, journal, hold, volume_id.object_uuid,
+                                        lambda record: self.encryption.remove(record, volume_id_text, secrets))
                 log.info("volume deleted", extra=fields(volume_id=volume_id_text))
 
     def _delete_locked(self, session: Session, io: rados.Ioctx, pool: str, journal: Journal, hold: Hold,
-                       uuid: str) -> None:
+                       uuid: str, forget_key: Callable[[Record], None] = lambda record: None) -> None:
         """Image first, then the name, then the record: a record is removed only once its
         image is gone or queued with the mgr, so a retry after any crash still finds it."""
         record = hold.found
@@ -291,6 +318,9 @@ class VolumeManager:
         hold.ensure_held()
         self._remove_image(session, io, pool, journal, record)
         failpoints.reach("delete.after-image")
+        # A KMS that keeps the passphrase forgets it once the image is out of service, before the
+        # record that names the KMS goes: a failure here is retried by the next DeleteVolume.
+        forget_key(record)
         hold.ensure_held()  # a lapsed lease may have let a create adopt the name meanwhile
         journal.release_name(record.name, record.uuid)
         failpoints.reach("delete.after-release")

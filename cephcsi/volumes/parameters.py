@@ -2,8 +2,9 @@
 the parameter, and turned into the volume context the node plugin needs.
 
 Unknown parameters are refused rather than ignored: a misspelt `imageFeatures`, or a ceph-csi
-option this driver does not implement (say `encrypted: "true"`), must not silently produce a
-volume other than the one asked for. Keys under `csi.storage.k8s.io/` belong to Kubernetes.
+option this driver does not implement (say `topologyConstrainedPools`), must not silently produce
+a volume other than the one asked for. Keys under `csi.storage.k8s.io/` belong to Kubernetes.
+Encryption (`encrypted`, `encryptionType`, `encryptionKMSID`) is cephcsi.encryption.spec's.
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from cephcsi.encryption import spec as encryption
+from cephcsi.encryption.spec import EncryptionSpec
 from cephcsi.errors import InvalidArgument
 
 DEFAULT_FEATURES = ("layering",)
@@ -25,7 +28,10 @@ KUBERNETES_PREFIX = "csi.storage.k8s.io/"
 FSTYPE_KEY = "csi.storage.k8s.io/fstype"
 # Passed through to the node plugin unchanged; it validates them where they are used.
 NODE_KEYS = ("mounter", "mapOptions", "unmapOptions", "mkfsOptions")
-KNOWN_KEYS = ("clusterID", "pool", "dataPool", "imageFeatures", "imageFormat", "volumeNamePrefix", *NODE_KEYS)
+KNOWN_KEYS = ("clusterID", "pool", "dataPool", "imageFeatures", "imageFormat", "volumeNamePrefix", *NODE_KEYS,
+              *encryption.KEYS)
+TENANT_KEY = "csi.storage.k8s.io/pvc/namespace"
+"""The claim's namespace: ceph-csi's volume Owner, the tenant of per-tenant KMS settings."""
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 _PREFIX = re.compile(r"^[A-Za-z0-9._-]{0,64}$")
 
@@ -39,6 +45,8 @@ class VolumeParameters:
     name_prefix: str = DEFAULT_PREFIX
     fs_type: str = ""
     node_options: tuple[tuple[str, str], ...] = ()
+    encryption: EncryptionSpec | None = None
+    tenant: str = ""
 
     @classmethod
     def parse(cls, parameters: Mapping[str, str]) -> VolumeParameters:
@@ -65,6 +73,12 @@ class VolumeParameters:
             raise InvalidArgument(
                 f"parameter volumeNamePrefix={prefix!r} may hold at most 64 letters, digits, '.', '_' or '-'"
             )
+        wanted = encryption.from_parameters(parameters)
+        if wanted is not None and wanted.type != encryption.BLOCK:
+            raise InvalidArgument(
+                f"parameter {encryption.TYPE_KEY}={wanted.type!r} is not supported yet: only block encryption "
+                "(LUKS2, the default) is; file encryption (fscrypt) is not"
+            )
         return cls(
             cluster_id=cluster_id,
             pool=pool,
@@ -73,6 +87,8 @@ class VolumeParameters:
             name_prefix=prefix,
             fs_type=parameters.get(FSTYPE_KEY, ""),
             node_options=tuple((k, parameters[k]) for k in NODE_KEYS if parameters.get(k)),
+            encryption=wanted,
+            tenant=parameters.get(TENANT_KEY, ""),
         )
 
     def volume_context(self, image_name: str, rados_namespace: str) -> dict[str, str]:
@@ -82,6 +98,8 @@ class VolumeParameters:
         if self.data_pool:
             context["dataPool"] = self.data_pool
         context.update(self.node_options)
+        if self.encryption is not None:
+            context.update(self.encryption.volume_context())
         return context
 
 

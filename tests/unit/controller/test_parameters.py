@@ -35,7 +35,7 @@ def test_kubernetes_keys_are_accepted_and_fstype_kept() -> None:
         ({"pool": "rbd"}, "clusterID is required"),
         ({"clusterID": "c1"}, "pool is required"),
         ({**BASE, "imagefeatures": "layering"}, "unknown parameter(s) imagefeatures"),
-        ({**BASE, "encrypted": "true"}, "unknown parameter(s) encrypted"),
+        ({**BASE, "thickProvision": "true"}, "unknown parameter(s) thickProvision"),
         ({**BASE, "pool": "a/b"}, "not a valid pool name"),
         ({**BASE, "imageFormat": "1"}, "only format 2"),
         ({**BASE, "volumeNamePrefix": "bad/prefix"}, "volumeNamePrefix"),

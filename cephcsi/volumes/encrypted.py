@@ -1,0 +1,131 @@
+"""The controller's half of encrypted volumes (issue 33): a new volume's passphrase, a clone's or
+restore's copy of its source's, and the KMS's copy removed after a delete. What is kept where is
+cephcsi.encryption.volume_keys' (ceph-csi's layout); this module decides when, inside the
+CreateVolume/DeleteVolume flows and under their journal lease.
+
+Sources: a volume's journal record names its KMS (csi.volume.encryptKMS, as ceph-csi writes it),
+and its image's metadata its state. librbd's clone copies the parent's metadata, so a snapshot
+image cephcsi cut from an encrypted volume carries that volume's wrapped passphrase, wrapped for
+the volume's id; one ceph-csi cut carries it re-wrapped for the snapshot's own id. Both are tried.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import rados
+
+from cephcsi.ceph import image_metadata
+from cephcsi.ceph.connection import Session
+from cephcsi.ceph.leases import LeaseKeeper
+from cephcsi.encryption import volume_keys
+from cephcsi.encryption.spec import EncryptionSpec
+from cephcsi.encryption.volume_keys import ImageRef, VolumeKeys
+from cephcsi.errors import FailedPrecondition, InvalidArgument
+from cephcsi.observability.logging import fields
+from cephcsi.volumes import sources
+from cephcsi.volumes.clones import ContentSource
+from cephcsi.volumes.journal import Record
+
+log = logging.getLogger(__name__)
+
+SOURCE_VOLUME_ID = "csi.source.volumeid"
+"""A cephcsi snapshot record's source volume (cephcsi.volumes.snapshots)."""
+
+
+def spec_of(record: Record) -> EncryptionSpec | None:
+    return volume_keys.spec_of_record({key: record.get(key)
+                                       for key in (volume_keys.RECORD_KMS_KEY, volume_keys.RECORD_TYPE_KEY)})
+
+
+@dataclass(frozen=True)
+class SourceKey:
+    """Where a source's passphrase is: its image, the ids it may be kept under, its KMS."""
+
+    spec: EncryptionSpec | None
+    state: str
+    image_name: str
+    key_ids: tuple[str, ...]
+
+    @property
+    def encrypted(self) -> bool:
+        return self.spec is not None or bool(self.state)
+
+
+class Encryption:
+    def __init__(self, keys: VolumeKeys, instance_id: str, lock_seconds: float, keeper: LeaseKeeper) -> None:
+        self.keys = keys
+        self.instance_id = instance_id
+        self.lock_seconds = lock_seconds
+        self.keeper = keeper
+
+    def check(self, spec: EncryptionSpec | None) -> None:
+        """Before anything is created: the KMS id is configured and its type supported."""
+        if spec is not None:
+            self.keys.check(spec)
+
+    def source(self, session: Session, source: ContentSource) -> SourceKey | None:
+        """The source's encryption, or None when it cannot be read (the clone then fails on its own)."""
+        entry_id = sources.decode(source.source_id, f"source {source.kind}")
+        with sources.opened(session, entry_id, f"source {source.kind}") as (_, io):
+            if source.kind == "volume":
+                journal = sources.volume_journal(io, self.instance_id, self.lock_seconds, self.keeper, session)
+            else:
+                journal = sources.snapshot_journal(io, self.instance_id, self.lock_seconds, self.keeper, session)
+            record = journal.read(entry_id.object_uuid)
+            if record is None:
+                return None
+            state = volume_keys.state_of(image_metadata.read(io, record.image_name))
+            ids: tuple[str, ...] = (source.source_id,)
+            if source.kind == "snapshot" and record.get(SOURCE_VOLUME_ID):
+                ids = (source.source_id, record.get(SOURCE_VOLUME_ID))
+            return SourceKey(spec_of(record), state, record.image_name, ids)
+
+    @staticmethod
+    def require_compatible(wanted: EncryptionSpec | None, source: ContentSource, found: SourceKey | None) -> None:
+        """ceph-csi's rule: a clone or restore is encrypted exactly when its source is."""
+        if found is None:
+            return
+        if found.encrypted and wanted is None:
+            raise InvalidArgument(f"cannot create an unencrypted volume from encrypted {source.kind} "
+                                  f"{source.source_id!r}: use a StorageClass with encrypted: \"true\"")
+        if wanted is not None and not found.encrypted:
+            raise InvalidArgument(f"cannot create an encrypted volume from unencrypted {source.kind} "
+                                  f"{source.source_id!r}")
+
+    def settle(self, session: Session, io: rados.Ioctx, image_name: str, volume_id: str, spec: EncryptionSpec,
+               source: ContentSource | None, secrets: Mapping[str, str], tenant: str) -> None:
+        """Before CreateVolume answers: the volume's passphrase is kept and its state set."""
+        target = ImageRef(io, image_name, volume_id)
+        if source is None:
+            self.keys.create_key(target, spec, secrets, tenant)
+            return
+        found = self.source(session, source)
+        if found is None:
+            raise FailedPrecondition(f"source {source.kind} {source.source_id!r} of encrypted volume {volume_id} "
+                                     "is gone, and its passphrase with it")
+        source_spec = found.spec or spec
+        entry_id = sources.decode(source.source_id, f"source {source.kind}")
+        with sources.opened(session, entry_id, f"source {source.kind}") as (_, source_io):
+            last: FailedPrecondition | None = None
+            for key_id in found.key_ids:
+                try:
+                    self.keys.copy_key(ImageRef(source_io, found.image_name, key_id), source_spec, target, spec,
+                                       secrets, tenant)
+                    log.info("encrypted volume keeps its source's passphrase",
+                             extra=fields(image=image_name, source=source.source_id))
+                    return
+                except FailedPrecondition as error:
+                    last = error
+            assert last is not None
+            raise last
+
+    def remove(self, record: Record, volume_id: str, secrets: Mapping[str, str]) -> None:
+        """After the image is gone: the KMS forgets the volume's passphrase."""
+        spec = spec_of(record)
+        if spec is not None:
+            self.keys.remove_key(volume_id, spec, secrets, record.get(OWNER_KEY))
+
+
+OWNER_KEY = "csi.volume.owner"
