@@ -1,0 +1,126 @@
+"""Encrypted CreateVolume on the real cluster (issue 33): the passphrase is kept in ceph-csi's
+image metadata keys and journal record keys, a retry keeps the same one, a clone and a restore
+keep their source's (re-wrapped for their own id), mismatched sources and unknown KMS ids are
+INVALID_ARGUMENT, and the driver's log never holds a passphrase."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cephcsi.encryption.kms import secrets as secrets_kms
+from tests.ceph.fixtures import CephTestCluster
+from tests.integration.controller.helpers import create_request, image_of, journal_entries
+from tests.integration.controller.snapshot_helpers import delete_all, from_snapshot, from_volume, snapshot_request
+from tests.integration.driver import DriverProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.ceph]
+
+KEK = "kek-passphrase-for-tests"
+DEFAULT_PASS = "default-luks-passphrase"
+
+
+@pytest.fixture(scope="module")
+def kms_driver(ceph_cluster: CephTestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DriverProcess]:
+    where = tmp_path_factory.mktemp("kms")
+    config = ceph_cluster.write_config(where / "config.json")
+    kms = where / "kms.json"
+    kms.write_text(json.dumps({"meta": {"encryptionKMSType": "metadata"}, "odd": {"encryptionKMSType": "kmip"}}))
+    process = DriverProcess(config, mode="controller", args=[f"--kms-config={kms}"])
+    process.start()
+    try:
+        yield process
+    finally:
+        process.cleanup()
+
+
+def meta(cluster: CephTestCluster, image: str) -> dict[str, str]:
+    out = cluster.admin("rbd", "image-meta", "list", "--format", "json", f"{cluster.pool}/{image}")
+    return dict(json.loads(out or "{}"))
+
+
+def encrypted_request(cluster: CephTestCluster, name: str, kms_id: str = "meta", **params: str) -> object:
+    request = create_request(cluster, name=name, encrypted="true", encryptionKMSID=kms_id, **params)
+    request.secrets["encryptionPassphrase"] = KEK
+    return request
+
+
+def test_metadata_kms_volume_clone_restore(kms_driver: DriverProcess, ceph_cluster: CephTestCluster) -> None:
+    ctl = kms_driver.controller
+    request = encrypted_request(ceph_cluster, "pvc-enc-1")
+    volume = ctl.CreateVolume(request).volume
+    assert volume.volume_context["encrypted"] == "true"
+    assert volume.volume_context["encryptionKMSID"] == "meta"
+    image = image_of(volume.volume_id)
+    first = meta(ceph_cluster, image)
+    assert first["rbd.csi.ceph.com/encrypted"] == "encryptionPrepared"
+    passphrase = secrets_kms.unwrap(KEK, volume.volume_id, first["rbd.csi.ceph.com/dek"], "test")
+    assert len(passphrase) == 28
+    _, record = journal_entries(ceph_cluster, "pvc-enc-1")
+    assert record["csi.volume.encryptKMS"] == "meta" and record["csi.volume.encryptionType"] == "block"
+
+    # A retry keeps the key it made: never a second one.
+    assert ctl.CreateVolume(request).volume.volume_id == volume.volume_id
+    assert meta(ceph_cluster, image)["rbd.csi.ceph.com/dek"] == first["rbd.csi.ceph.com/dek"]
+
+    # A clone keeps the source's passphrase, re-wrapped for its own id.
+    clone_request = from_volume(ceph_cluster, volume.volume_id, name="pvc-enc-clone")
+    clone_request.parameters.update(encrypted="true", encryptionKMSID="meta")
+    clone_request.secrets["encryptionPassphrase"] = KEK
+    clone = ctl.CreateVolume(clone_request).volume
+    clone_meta = meta(ceph_cluster, image_of(clone.volume_id))
+    assert secrets_kms.unwrap(KEK, clone.volume_id, clone_meta["rbd.csi.ceph.com/dek"], "t") == passphrase
+
+    # So does a restore of a snapshot.
+    snap_request = snapshot_request(ceph_cluster, volume.volume_id)
+    snapshot = ctl.CreateSnapshot(snap_request).snapshot
+    restore_request = from_snapshot(ceph_cluster, snapshot.snapshot_id, name="pvc-enc-restore")
+    restore_request.parameters.update(encrypted="true", encryptionKMSID="meta")
+    restore_request.secrets["encryptionPassphrase"] = KEK
+    restored = ctl.CreateVolume(restore_request).volume
+    restored_meta = meta(ceph_cluster, image_of(restored.volume_id))
+    assert secrets_kms.unwrap(KEK, restored.volume_id, restored_meta["rbd.csi.ceph.com/dek"], "t") == passphrase
+
+    # Encrypted source, unencrypted class: refused as ceph-csi refuses it.
+    plain = from_volume(ceph_cluster, volume.volume_id, name="pvc-enc-plain")
+    with pytest.raises(grpc.RpcError) as caught:
+        ctl.CreateVolume(plain)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "unencrypted volume from encrypted" in (caught.value.details() or "")
+
+    delete_all(kms_driver, ceph_cluster, [snapshot.snapshot_id],
+               [restored.volume_id, clone.volume_id, volume.volume_id])
+    assert journal_entries(ceph_cluster, "pvc-enc-1") == (None, {})
+    log = Path(kms_driver.log_path).read_text()
+    for secret in (KEK, passphrase):
+        assert secret not in log
+
+
+def test_default_kms_keeps_nothing_per_volume(kms_driver: DriverProcess, ceph_cluster: CephTestCluster) -> None:
+    request = create_request(ceph_cluster, name="pvc-enc-default", encrypted="true")
+    request.secrets["encryptionPassphrase"] = DEFAULT_PASS
+    volume = kms_driver.controller.CreateVolume(request).volume
+    found = meta(ceph_cluster, image_of(volume.volume_id))
+    assert found.get("rbd.csi.ceph.com/encrypted") == "encryptionPrepared"
+    assert "rbd.csi.ceph.com/dek" not in found
+    _, record = journal_entries(ceph_cluster, "pvc-enc-default")
+    assert record["csi.volume.encryptKMS"] == "default"
+    delete_all(kms_driver, ceph_cluster, [], [volume.volume_id])
+
+
+@pytest.mark.parametrize("params, fragment", [
+    ({"encrypted": "true", "encryptionKMSID": "absent"}, "'absent' is not configured"),
+    ({"encrypted": "true", "encryptionKMSID": "odd"}, "type 'kmip', which cephcsi does not support"),
+    ({"encrypted": "true", "encryptionType": "file"}, "only block encryption"),
+    ({"encrypted": "true"}, "encryptionPassphrase"),
+])
+def test_bad_encryption_is_invalid_argument(kms_driver: DriverProcess, ceph_cluster: CephTestCluster,
+                                            params: dict[str, str], fragment: str) -> None:
+    request = create_request(ceph_cluster, name="pvc-enc-bad", **params)
+    with pytest.raises(grpc.RpcError) as caught:
+        kms_driver.controller.CreateVolume(request)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert fragment in (caught.value.details() or "")
