@@ -13,7 +13,7 @@ import pytest
 
 from cephcsi.encryption.kms import secrets as secrets_kms
 from tests.ceph.fixtures import CephTestCluster
-from tests.integration.controller.helpers import create_request, image_of, journal_entries
+from tests.integration.controller.helpers import create_request, image_of, journal_entries, until_ok
 from tests.integration.controller.snapshot_helpers import delete_all, from_snapshot, from_volume, snapshot_request
 from tests.integration.driver import DriverProcess
 
@@ -124,3 +124,40 @@ def test_bad_encryption_is_invalid_argument(kms_driver: DriverProcess, ceph_clus
         kms_driver.controller.CreateVolume(request)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert fragment in (caught.value.details() or "")
+
+
+@pytest.mark.parametrize("point", ["create.after-image", "create.after-key"])
+def test_a_create_killed_around_the_key_is_settled_by_its_retry(ceph_cluster: CephTestCluster, tmp_path: Path,
+                                                                point: str) -> None:
+    """Killed after the image but before its passphrase (or after it, before the answer): the
+    retry finds the image, gives it a passphrase or keeps the one it has, and answers."""
+    config = ceph_cluster.write_config(tmp_path / "config.json")
+    kms = tmp_path / "kms.json"
+    kms.write_text(json.dumps({"meta": {"encryptionKMSType": "metadata"}}))
+    args = [f"--kms-config={kms}", "--journal-lock-timeout=2s"]
+    name = f"pvc-enc-kill-{point.rsplit('-', 1)[1]}"
+    request = encrypted_request(ceph_cluster, name)
+    doomed = DriverProcess(config, mode="controller", args=args, env={"CEPHCSI_FAILPOINTS": point})
+    doomed.start()
+    try:
+        with pytest.raises(grpc.RpcError):
+            doomed.controller.CreateVolume(request)
+        assert doomed.process is not None and doomed.process.wait(timeout=30) == -9
+    finally:
+        doomed.cleanup()
+    _, record = journal_entries(ceph_cluster, name)
+    image = record["csi.imagename"]
+    before = meta(ceph_cluster, image).get("rbd.csi.ceph.com/dek")
+    assert (before is None) == (point == "create.after-image")
+    retry = DriverProcess(config, mode="controller", args=args)
+    retry.start()
+    try:
+        volume = until_ok(lambda: retry.controller.CreateVolume(request).volume)
+        after = meta(ceph_cluster, image)
+        assert after["rbd.csi.ceph.com/encrypted"] == "encryptionPrepared"
+        if before is not None:
+            assert after["rbd.csi.ceph.com/dek"] == before  # never a second key
+        assert secrets_kms.unwrap(KEK, volume.volume_id, after["rbd.csi.ceph.com/dek"], "t")
+        delete_all(retry, ceph_cluster, [], [volume.volume_id])
+    finally:
+        retry.cleanup()
