@@ -100,6 +100,7 @@ def _journal_findings(snap: Snapshot) -> list[Finding]:
         else:
             found.extend(_dangling_record(snap, record))
             found.extend(_pending_metadata(snap, record))
+            found.extend(_missing_key(snap, record))
     for uuid in sorted(snap.split_named):
         # A record here whose name key is in the pool its csi.journalpool names: judged by its
         # image (here), and only reported.
@@ -126,6 +127,25 @@ def _dangling_record(snap: Snapshot, record: RecordView) -> list[Finding]:
                     f"{record.image_name!r}, which is gone", uuid=record.uuid, name=record.name,
                     image_name=record.image_name, image_id=image_id,
                     fix=None if blocked else Fix.REMOVE_RECORD, why_not=blocked)]
+
+
+def _missing_key(snap: Snapshot, record: RecordView) -> list[Finding]:
+    """An encrypted volume's live image without an encryption state, no call holding its lease:
+    its create was killed between the image and its passphrase. Not repaired: only the
+    StorageClass secret or the KMS can make the passphrase, and the claim's retried CreateVolume
+    (or the provisioner's clean-up of a deleted claim) does."""
+    if not record.encryption_kms or record.image_name not in snap.encryption_states or \
+            snap.encryption_states[record.image_name] or \
+            f"{RECORD_PREFIXES[JournalType.VOLUME]}{record.uuid}" in snap.leases_held:
+        return []
+    image_id = image_id_of(snap, record)
+    if not image_is_live(snap, record.image_name, image_id):
+        return []
+    return [Finding(Kind.KEY_MISSING, record.image_name, f"encrypted volume {record.name!r} (KMS "
+                    f"{record.encryption_kms!r}) has no passphrase on its image: a CreateVolume killed before it "
+                    "kept the key", uuid=record.uuid, name=record.name, image_name=record.image_name, image_id=image_id,
+                    why_not="only the StorageClass secret or the KMS can make the passphrase: a retry of the claim's "
+                    "CreateVolume does (the provisioner retries); with no claim, delete the volume")]
 
 
 def _pending_metadata(snap: Snapshot, record: RecordView) -> list[Finding]:

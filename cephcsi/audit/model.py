@@ -44,6 +44,10 @@ class Kind(str, enum.Enum):
     METADATA_PENDING = "metadata-pending"
     """A live volume whose record still keeps owner metadata for its image: the create was
     killed after answering, before it wrote that metadata (journal.PENDING_METADATA)."""
+    KEY_MISSING = "encryption-key-missing"
+    """An encrypted volume whose live image has no encryption state: its CreateVolume was killed
+    after the image, before the passphrase was kept (cephcsi.volumes.encrypted). A retry of the
+    create settles it; only the KMS and the StorageClass secret can, so the audit only reports."""
 
 
 class JournalType(str, enum.Enum):
@@ -98,6 +102,8 @@ class RecordView:
     planned_image_id: str = ""
     """Volume records: the id a create killed before its release planned for the image it wrote
     itself (journal.PLANNED_IMAGE_ID); any of that image's objects may exist."""
+    encryption_kms: str = ""
+    """Volume records: csi.volume.encryptKMS, the KMS id of an encrypted volume ('' when plain)."""
 
 
 @dataclass(frozen=True)
@@ -246,6 +252,9 @@ class Snapshot:
     snap_journal: SnapJournalView = field(default_factory=SnapJournalView)
     image_snaps: Mapping[str, ImageSnaps] = field(default_factory=dict)
     """Live images that have RBD snapshots, by image id."""
+    encryption_states: Mapping[str, str] = field(default_factory=dict)
+    """Encrypted volumes' images (by name, as listed): their state (rbd.csi.ceph.com/encrypted),
+    '' when unset."""
     leases_held: frozenset[str] = frozenset()
     """Journal record objects (`csi.volume.<uuid>`, `csi.snap.<uuid>`) whose lease a call holds
     right now: what they guard is in the middle of a call, not debris."""

@@ -12,7 +12,7 @@ import logging
 import struct
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import rados
@@ -33,6 +33,7 @@ from cephcsi.ceph import encoding, image_metadata, images, imagestate, omap
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import CephCSIError, Internal
+from cephcsi.encryption import volume_keys
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import dependents, split_journal
 from cephcsi.volumes.journal import (
@@ -206,7 +207,23 @@ def _record_view(uuid: str, values: dict[str, str], kind: JournalKind = VOLUMES)
     pending = tuple(sorted(pending_metadata_in(values.items()).items())) if kind is VOLUMES else ()
     return RecordView(uuid, name, image_name, values.get(IMAGE_ID, ""), values.get(JOURNAL_POOL, ""),
                       values.get(SOURCE, "") if kind is not VOLUMES else "", pending,
-                      values.get(PLANNED_IMAGE_ID, "") if kind is VOLUMES else "")
+                      values.get(PLANNED_IMAGE_ID, "") if kind is VOLUMES else "",
+                      values.get(volume_keys.RECORD_KMS_KEY, "") if kind is VOLUMES else "")
+
+
+def read_encryption_states(io: rados.Ioctx, records: Mapping[str, RecordView], directory: Mapping[str, str],
+                           notes: list[str]) -> dict[str, str]:
+    """The encryption state of each listed image an encrypted volume's record names (one
+    read-only open each; only encrypted volumes pay it)."""
+    states: dict[str, str] = {}
+    for record in records.values():
+        if not record.encryption_kms or record.image_name not in directory:
+            continue
+        try:
+            states[record.image_name] = volume_keys.state_of(image_metadata.read(io, record.image_name))
+        except CephCSIError as error:
+            notes.append(f"could not read the encryption state of image {record.image_name!r}: {error}")
+    return states
 
 
 def read_id_objects(io: rados.Ioctx, names: list[str], directory: dict[str, str]) -> dict[str, str]:
@@ -303,6 +320,7 @@ def read_snapshot(session: Session, io: rados.Ioctx, pool: str, instance_id: str
         split_records=split_records,
         split_named=split_named,
         records=records,
+        encryption_states=read_encryption_states(io, records, directory, notes),
         directory=directory,
         id_objects=read_id_objects(io, names, directory),
         headers=headers,

@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from cephcsi._generated import csi_pb2
 from cephcsi.encryption.kms import secrets as secrets_kms
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.helpers import create_request, image_of, journal_entries, until_ok
@@ -42,8 +43,8 @@ def meta(cluster: CephTestCluster, image: str) -> dict[str, str]:
     return dict(json.loads(out or "{}"))
 
 
-def encrypted_request(cluster: CephTestCluster, name: str, kms_id: str = "meta", **params: str) -> object:
-    request = create_request(cluster, name=name, encrypted="true", encryptionKMSID=kms_id, **params)
+def encrypted_request(cluster: CephTestCluster, name: str, kms_id: str = "meta") -> csi_pb2.CreateVolumeRequest:
+    request = create_request(cluster, name=name, encrypted="true", encryptionKMSID=kms_id)
     request.secrets["encryptionPassphrase"] = KEK
     return request
 
@@ -119,7 +120,8 @@ def test_default_kms_keeps_nothing_per_volume(kms_driver: DriverProcess, ceph_cl
 ])
 def test_bad_encryption_is_invalid_argument(kms_driver: DriverProcess, ceph_cluster: CephTestCluster,
                                             params: dict[str, str], fragment: str) -> None:
-    request = create_request(ceph_cluster, name="pvc-enc-bad", **params)
+    request = create_request(ceph_cluster, name="pvc-enc-bad")
+    request.parameters.update(params)
     with pytest.raises(grpc.RpcError) as caught:
         kms_driver.controller.CreateVolume(request)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
