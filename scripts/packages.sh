@@ -66,8 +66,10 @@ for list in "$@"; do
       #   module exists but is not loaded (the DaemonSet mounts the host's /lib/modules).
       # mount: mount, umount, losetup (rbd-fuse volumes go through a loop device).
       # util-linux: blkid, findmnt. e2fsprogs, xfsprogs: mkfs/fsck/resize of ext4 and xfs.
+      # cryptsetup-bin: cryptsetup alone (LUKS2 of encrypted volumes), without the cryptsetup
+      #   package's initramfs and boot-time unlocking, which a container never uses.
       printf '%s\n' ceph-common python3-rados python3-rbd rbd-nbd rbd-fuse \
-        kmod e2fsprogs xfsprogs util-linux mount
+        kmod e2fsprogs xfsprogs util-linux mount cryptsetup-bin
       ;;
     builder)
       printf '%s\n' python3 python3-venv

@@ -13,6 +13,7 @@ from cephcsi.ceph.credentials import Credentials
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.csi.capabilities import DEFAULT_FS_TYPE, READ_ONLY_MODES, Mode, check_well_formed, unsupported_reason
 from cephcsi.csi.rpc import ServicerBase, rpc
+from cephcsi.encryption import spec as encryption_spec
 from cephcsi.errors import InvalidArgument, NotFound
 from cephcsi.node.expander import NodeExpandRequest
 from cephcsi.node.paths import check_path, check_volume_id, nested
@@ -68,6 +69,7 @@ class NodeServicer(ServicerBase, csi_pb2_grpc.NodeServicer):
         namespace = source.namespace if source.namespace is not None else cluster.rados_namespace
         # from_secrets refuses a malformed key: the rbd tools would echo it into their logs.
         credentials = Credentials.from_secrets(request.secrets)
+        encryption = encryption_spec.from_volume_context(ctx)  # INVALID_ARGUMENT on a bad value
         self.service.stage(
             StageRequest(
                 volume_id=volume_id,
@@ -82,6 +84,8 @@ class NodeServicer(ServicerBase, csi_pb2_grpc.NodeServicer):
                 unmap_options=ctx.get(CTX_UNMAP_OPTIONS, ""),
                 mkfs_options=ctx.get(CTX_MKFS_OPTIONS, ""),
                 read_affinity=cluster.read_affinity,
+                encryption=encryption,
+                secrets=dict(request.secrets) if encryption is not None else {},
             )
         )
         return csi_pb2.NodeStageVolumeResponse()

@@ -99,6 +99,7 @@ class Runner(Protocol):
         ok_codes: tuple[int, ...] = (0,),
         new_session: bool = False,
         secrets: Sequence[str] = (),
+        stdin: str | None = None,
     ) -> Result: ...
 
 
@@ -111,6 +112,7 @@ def run(
     new_session: bool = False,
     secrets: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    stdin: str | None = None,
 ) -> Result:
     """Run argv and return its result; raise if it exits with a code outside `ok_codes`.
 
@@ -119,6 +121,8 @@ def run(
     group does not hit a daemon that must outlive it (rbd-fuse before it daemonizes itself).
     `secrets` are scrubbed from the captured output before it is logged or quoted in an error
     (Ceph tools echo a malformed key back in "failed to decode key '...'").
+    `stdin` is written to the child's standard input (a passphrase for `cryptsetup --key-file=-`:
+    never argv); list it in `secrets` too so an echo of it is scrubbed.
     """
     check_argv(argv)
     limit = DEFAULT_TIMEOUT if timeout is None else timeout
@@ -132,7 +136,8 @@ def run(
             text=True,
             errors="replace",
             timeout=limit,
-            stdin=subprocess.DEVNULL,
+            input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
             env=child_env,
             start_new_session=new_session,
             check=False,

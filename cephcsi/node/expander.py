@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cephcsi.errors import CephCSIError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
-from cephcsi.node import devices, filesystems, fssize, mounts, stage_record
+from cephcsi.node import devices, filesystems, fssize, luks, mounts, stage_record
 from cephcsi.node.exec import CommandFailed, Runner, tail
 from cephcsi.node.mappers import nbd
 from cephcsi.node.mappers.base import FUSE, NBD, Mapper
@@ -83,6 +83,7 @@ class NodeExpander:
         sleep: Callable[[float], None] = time.sleep,
         device_numbers: Callable[[str], tuple[int, int]] = devices.device_numbers,
         netlink_bound: Callable[[str], bool] = nbd.netlink_bound,
+        cryptsetup: luks.Luks | None = None,
     ) -> None:
         self.mappers = mappers
         self.run = runner
@@ -94,6 +95,7 @@ class NodeExpander:
         self.sleep = sleep
         self.device_numbers = device_numbers
         self.netlink_bound = netlink_bound
+        self.cryptsetup = cryptsetup or luks.Luks(runner, timeout)
 
     # -- finding the staged volume -----------------------------------------------------------
 
@@ -162,7 +164,7 @@ class NodeExpander:
                 f"volume {record.volume_id} already has {size} bytes, more than limit_bytes {request.limit_bytes}; "
                 "volumes are never shrunk"
             )
-        self.grow_filesystem(record, device)
+        self.grow_filesystem(record, self.sync_mapping(record, device))
         log.info("volume expanded on the node", extra=fields(volume_id=record.volume_id, device=device, bytes=size))
         return size
 
@@ -173,7 +175,7 @@ class NodeExpander:
         stage goes on; the kubelet's NodeExpandVolume then reports why (e.g. a missing capability)."""
         try:
             self.sync_device(record, record.device, 0)
-            self.grow_filesystem(record, record.device)
+            self.grow_filesystem(record, self.sync_mapping(record, record.device))
         except CephCSIError as error:
             log.warning("could not grow the volume while staging it; it is staged at its old size",
                         extra=fields(volume_id=record.volume_id, error=error.message))
@@ -184,14 +186,16 @@ class NodeExpander:
         if record.access_type != ACCESS_MOUNT or record.read_only or record.fs_type != "ext4":
             return
         try:
-            device_bytes = self.sync_device(record, record.device, 0)
-            size = self.fs_size(record.device, record.fs_type)
+            self.sync_device(record, record.device, 0)
+            device = self.sync_mapping(record, record.device)
+            device_bytes = self.size_of(device)
+            size = self.fs_size(device, record.fs_type)
             if size is None or size.fills(device_bytes):
                 return  # not ext4 after all (the mount step says so) or nothing to grow
             what = f"check the ext4 filesystem of volume {record.volume_id} before growing it"
             # Exit 1: errors found and fixed; 2: fixed, "reboot" (about a mounted root only).
-            self.run(["e2fsck", "-f", "-p", record.device], what=what, timeout=self.timeout, ok_codes=(0, 1, 2))
-            self.run(["resize2fs", record.device], what=f"grow the ext4 filesystem of volume {record.volume_id}",
+            self.run(["e2fsck", "-f", "-p", device], what=what, timeout=self.timeout, ok_codes=(0, 1, 2))
+            self.run(["resize2fs", device], what=f"grow the ext4 filesystem of volume {record.volume_id}",
                      timeout=self.timeout)
         except CephCSIError as error:
             log.warning("could not grow the filesystem before mounting it; trying online after the mount",
@@ -218,6 +222,25 @@ class NodeExpander:
             return self._sync_netlink_nbd(record, device, required)
         return self._wait_for(f"{record.mapper} device {device}", lambda: self.size_of(device), required,
                               "the kernel (krbd) or rbd-nbd has not picked up the new size")
+
+    def sync_mapping(self, record: StageRecord, device: str) -> str:
+        """The device the filesystem is on: for an encrypted volume its LUKS mapping, grown to the
+        mapped device's size first (`cryptsetup resize`: dm-crypt never follows its backing device
+        by itself); else `device` itself."""
+        if not record.crypt_name:
+            return device
+        active = self.cryptsetup.status(record.crypt_name)
+        if active is None:
+            raise FailedPrecondition(
+                f"the LUKS mapping {record.crypt_name} of volume {record.volume_id} is not open; stop the pods "
+                "using the volume so it is unstaged, then stage it again"
+            )
+        wanted = self.size_of(device) - active.offset * 512
+        if active.sectors * 512 < wanted:
+            grown = self.cryptsetup.resize(record.crypt_name)
+            log.info("LUKS mapping grown", extra=fields(volume_id=record.volume_id, mapping=record.crypt_name,
+                                                         bytes=grown))
+        return record.data_device
 
     def _sync_netlink_nbd(self, record: StageRecord, device: str, required: int) -> int:
         deadline = time.monotonic() + min(self.wait_seconds, _NETLINK_GRACE)

@@ -14,8 +14,8 @@ Here such a stage is:
   still uses it), remove it, unmap the stash's image with the mapper the stash names (krbd, or
   rbd-nbd when `accessType` is true), for rbd-nbd apply the stash's `logFileStrategy` to the
   daemon's log file `<logDir>/rbd-nbd-<volume id>.log` (apply_log_strategy), remove the stash.
-  LUKS-encrypted volumes are refused: cephcsi does not implement encryption, and closing the
-  dm-crypt device is ceph-csi's job;
+  A LUKS-encrypted volume (`encrypted` true) has its dm-crypt mapping, which ceph-csi names
+  `luks-rbd-<volume id>` as cephcsi does, closed between the unmount and the unmap;
 - published from, binding `<staging>/<volume id>` (a new pod on a node where ceph-csi staged
   the volume: the kubelet publishes without staging again);
 - taken as staged by NodeStageVolume (a kubelet restart re-stages what it finds), so the same
@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cephcsi.errors import FailedPrecondition, Internal
-from cephcsi.node import mounts
+from cephcsi.node import luks, mounts
 from cephcsi.node.legacy_logs import apply_log_strategy
 from cephcsi.node.mappers import options as map_options
 from cephcsi.node.mappers.base import KRBD, NBD, Mapper
@@ -89,18 +89,20 @@ def staged_mount(staging_path: str, volume_id: str, table: list[mounts.MountEntr
 
 class LegacyUnstager:
     def __init__(self, mappers: Mapping[str, Mapper], mounter: mounts.Mounter, kubelet_dir: str,
-                 read_mounts: Callable[[], list[mounts.MountEntry]] = mounts.read_mounts) -> None:
+                 read_mounts: Callable[[], list[mounts.MountEntry]] = mounts.read_mounts,
+                 cryptsetup: luks.Luks | None = None) -> None:
         self.mappers = mappers
+        self.cryptsetup = cryptsetup
         self.mounter = mounter
         self.kubelet_dir = kubelet_dir
         self.read_mounts = read_mounts
 
     def unstage(self, volume_id: str, staging_path: str) -> None:
         stash = load_stash(staging_path)
-        if stash is not None and stash.encrypted:
+        if stash is not None and stash.encrypted and self.cryptsetup is None:
             raise FailedPrecondition(
-                f"volume {volume_id} was staged by ceph-csi with LUKS encryption, which cephcsi does not implement; "
-                "unstage it with ceph-csi's node plugin (or close its dm-crypt device and unmap it by hand)"
+                f"volume {volume_id} was staged by ceph-csi with LUKS encryption and this unstager cannot close "
+                "its dm-crypt device; close it (cryptsetup close luks-rbd-<volume id>) and unmap it by hand"
             )
         target = mount_path(staging_path, volume_id)
         table = self.read_mounts()
@@ -114,6 +116,8 @@ class LegacyUnstager:
             self.mounter.unmount(target)
         _remove_mount_point(target)
         if stash is not None:
+            if stash.encrypted and self.cryptsetup is not None:
+                self.cryptsetup.close(luks.dm_name(volume_id))  # it holds the device: before the unmap
             self._unmap(volume_id, staging_path, stash)
             os.unlink(os.path.join(staging_path, STASH_NAME))
         log.info("unstaged a volume staged by ceph-csi", extra=fields(volume_id=volume_id, path=staging_path))

@@ -2,9 +2,11 @@
 already validated, so the node layer never sees protobuf."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cephcsi.ceph.credentials import Credentials
+from cephcsi.encryption.spec import EncryptionSpec
 from cephcsi.config.read_affinity import DISABLED, ReadAffinity
 from cephcsi.node.stage_record import ACCESS_BLOCK, ACCESS_MOUNT, ImageSpec
 
@@ -45,6 +47,11 @@ class StageRequest:
     mkfs_options: str = ""
     read_affinity: ReadAffinity = DISABLED
     """The cluster's config.json readAffinity: krbd maps from the nearest replica when active."""
+    encryption: EncryptionSpec | None = None
+    """From the volume context (ceph-csi's keys); None: not encrypted."""
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """The stage secret as the CO sent it: the KMS may need more of it than the cephx user
+    (the default KMS's encryptionPassphrase)."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ Layout of a staging path (the directory the CO passes as staging_target_path):
     <staging>/fs                   Filesystem volumes: the filesystem is mounted here
     <staging>/block                Block volumes: the device node is bind-mounted onto this file
 
+An encrypted volume's filesystem (or Block bind) is on /dev/mapper/luks-rbd-<volume id>, the
+LUKS mapping over the mapped device (cephcsi.node.encrypted_stage).
+
 The volume is mounted on a subdirectory, as ceph-csi does, never on the staging path itself, so
 the record stays visible next to the mount instead of being hidden under it, and the CO's
 staging directory is never a mount point of ours.
@@ -94,6 +97,11 @@ class StageRecord:
     loop: LoopBacking | None = None
     """fuse mapper: the loop device attached for this stage, to detach it even when its backing
     file no longer reads as our work dir."""
+    encryption: str = ""
+    """"block" for a LUKS-encrypted volume, '' for a plain one."""
+    crypt_name: str = ""
+    """The dm-crypt mapping (luks-rbd-<volume id>) of an encrypted volume, recorded before it is
+    opened, so unstage closes it even when a crash came between the open and the next save."""
     formatted: bool = False
     staged: bool = False
     """All steps done."""
@@ -102,6 +110,12 @@ class StageRecord:
     @property
     def image_spec(self) -> ImageSpec:
         return ImageSpec(self.pool, self.image, self.namespace)
+
+    @property
+    def data_device(self) -> str:
+        """What holds the filesystem or is bound for Block: the open LUKS mapping of an encrypted
+        volume, else the mapped device."""
+        return f"/dev/mapper/{self.crypt_name}" if self.crypt_name else self.device
 
     @property
     def mount_path(self) -> str:

@@ -20,8 +20,11 @@ from collections.abc import Callable, Mapping
 
 from cephcsi.config.read_affinity import ReadAffinity
 from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, OperationInFlight
-from cephcsi.node import devices, filesystems, legacy_stage, mounts, rederive, stage_record
+from cephcsi.node import devices, filesystems, legacy_stage, luks, mounts, rederive, stage_record
+from cephcsi.node.encrypted_stage import LuksStage, check_supported
 from cephcsi.node.exec import Runner
+from cephcsi.node.image_meta import RbdImageMetadata
+from cephcsi.node.luks_keys import KeySource, KmsKeys
 from cephcsi.node.mappers import options as map_options, read_affinity
 from cephcsi.node.mappers.base import FUSE, KRBD, NBD, Mapper, MapRequest
 from cephcsi.node.mappers.fuse import FuseMapper
@@ -48,6 +51,7 @@ class Stager:
         after_ready: Callable[[StageRecord], None] | None = None,
         before_mount: Callable[[StageRecord], None] | None = None,
         crush_location: Callable[[ReadAffinity], read_affinity.CrushLocation] | None = None,
+        luks_stage: LuksStage | None = None,
     ) -> None:
         self.mappers: dict[str, Mapper] = {**mappers, rederive.NO_MAPPER: rederive.NoMapper()}
         self.choice = choice
@@ -61,10 +65,22 @@ class Stager:
         self.before_mount = before_mount
         # readAffinity: the node's CRUSH location (cephcsi.node.crush_location); None: never.
         self.crush_location = crush_location
+        self.crypt = luks_stage or LuksStage(luks.Luks(runner, command_timeout), self._default_keys, self._metadata)
+        self._keys: KeySource | None = None
+
+    def _default_keys(self) -> KeySource:
+        # Built on first use: only encrypted volumes need the KMS configuration.
+        if self._keys is None:
+            self._keys = KmsKeys()
+        return self._keys
+
+    def _metadata(self, request: StageRequest) -> RbdImageMetadata:
+        return RbdImageMetadata(self.run, self.timeout, request.image, request.monitors, request.credentials)
 
     # -- stage -----------------------------------------------------------------------------
 
     def stage(self, request: StageRequest) -> None:
+        check_supported(request.encryption)
         self._ensure_staging_dir(request.staging_path)
         record = stage_record.load(request.staging_path)
         if record is not None:
@@ -124,6 +140,9 @@ class Stager:
             differences.append(f"read-only {record.read_only} vs {access.read_only}")
         if sorted(record.mount_flags) != sorted(access.mount_flags):
             differences.append(f"mount flags {record.mount_flags} vs {list(access.mount_flags)}")
+        encryption = request.encryption.type if request.encryption is not None else ""
+        if record.encryption != encryption:
+            differences.append(f"encryption {record.encryption or 'none'} vs {encryption or 'none'}")
         if differences:
             raise AlreadyExists(
                 f"volume {request.volume_id} is already staged at {request.staging_path} with a different "
@@ -147,6 +166,8 @@ class Stager:
             mount_flags=list(request.access.mount_flags),
             unmap_options=map_options.parse(request.unmap_options, mapper_name, "unmapOptions"),
             work_dir=mapper.work_dir_for(request.volume_id, request.staging_path),
+            encryption=request.encryption.type if request.encryption is not None else "",
+            crypt_name=luks.dm_name(request.volume_id) if request.encryption is not None else "",
         )
 
     def _crush_location(self, record: StageRecord, request: StageRequest,
@@ -192,11 +213,14 @@ class Stager:
             record.device = device
             record.loop = loop
             stage_record.save(record)
+        # 1b. LUKS: format once, open (the record named the mapping before the map)
+        if request.encryption is not None and self.crypt.open(record, request, request.encryption):
+            created.append("open")
         # 2. filesystem, 3. mount
         if record.access_type == ACCESS_MOUNT:
             # Neither probe-and-format nor mount while a command a killed plugin left running
             # (mkfs, an offline resize2fs) still claims the device.
-            devices.require_unclaimed(record.device)
+            devices.require_unclaimed(record.data_device)
             self._ensure_filesystem(record, request)
             self._ensure_fs_mount(record, created)
         else:
@@ -210,7 +234,7 @@ class Stager:
         if record.formatted:
             return
         if record.read_only:
-            found = filesystems.probe(self.run, record.device, self.timeout)
+            found = filesystems.probe(self.run, record.data_device, self.timeout)
             if found.fs_type != record.fs_type:
                 raise FailedPrecondition(
                     f"read-only volume {record.volume_id} holds {found.fs_type or found.other or 'no filesystem'}, "
@@ -227,7 +251,7 @@ class Stager:
             # been staged and filled elsewhere since. The probe alone decides (see filesystems).
             created = filesystems.ensure_filesystem(
                 self.run,
-                record.device,
+                record.data_device,
                 record.fs_type,
                 request.mkfs_options,
                 self.timeout,
@@ -305,7 +329,7 @@ class Stager:
     def _ensure_fs_mount(self, record: StageRecord, created: list[str]) -> None:
         target = record.mount_path
         entry = mounts.top_mount(target, self.read_mounts())
-        major, minor = _device_numbers(record.device)
+        major, minor = _device_numbers(record.data_device)
         if entry is not None:
             if (entry.major, entry.minor) != (major, minor):
                 raise FailedPrecondition(
@@ -316,17 +340,17 @@ class Stager:
         if self.before_mount is not None:
             self.before_mount(record)  # unmounted here, and mounted nowhere else (our stage)
         options = filesystems.mount_options(record.fs_type, record.mount_flags, record.read_only)
-        self.mounter.mount(record.device, target, record.fs_type, options)
+        self.mounter.mount(record.data_device, target, record.fs_type, options)
         created.append("mount")
 
     def _ensure_block_bind(self, record: StageRecord, created: list[str]) -> None:
         target = record.mount_path
         if mounts.is_mount_point(target, self.read_mounts()):
-            if _rdev(target) != _rdev(record.device):
+            if _rdev(target) != _rdev(record.data_device):
                 raise FailedPrecondition(f"{target} has another device bound to it; unmount it by hand, then retry")
             return
         _touch(target)
-        self.mounter.bind(record.device, target, read_only=record.read_only)
+        self.mounter.bind(record.data_device, target, read_only=record.read_only)
         created.append("mount")
 
     def _intact(self, record: StageRecord) -> bool:
@@ -337,6 +361,12 @@ class Stager:
         device = self.mappers[record.mapper].find(record)
         if device is None:
             return False
+        if record.crypt_name:
+            # The mapping over the device: the mount compares with it (it is gone when closed).
+            active = self.crypt.cryptsetup.status(record.crypt_name)
+            if active is None or active.device != device:
+                return False
+            device = record.data_device
         if record.access_type == ACCESS_BLOCK:
             return _rdev(record.mount_path) == _rdev(device)
         try:
@@ -353,6 +383,8 @@ class Stager:
                 return
             if "mount" in created:
                 self.mounter.unmount(record.mount_path)
+            if "open" in created:
+                self.crypt.close(record)
             if "map" in created:
                 self.mappers[record.mapper].unmap(record)
         except Exception as error:  # noqa: BLE001 - keep the original error for the caller
@@ -371,8 +403,8 @@ class Stager:
         else:
             record = stage_record.load(staging_path)
             if record is None and legacy_stage.present(staging_path, volume_id):
-                legacy_stage.LegacyUnstager(self.mappers, self.mounter, self.kubelet_dir, self.read_mounts).unstage(
-                    volume_id, staging_path)
+                legacy_stage.LegacyUnstager(self.mappers, self.mounter, self.kubelet_dir, self.read_mounts,
+                                            self.crypt.cryptsetup).unstage(volume_id, staging_path)
                 return
             record = record or rederive.record_from_system(self.mappers, self.read_mounts(), volume_id, staging_path)
             if record is None:
@@ -396,6 +428,7 @@ class Stager:
                     "unpublish it there before unstaging"
                 )
             self.mounter.unmount(record.mount_path)
+        self.crypt.close(record)  # before the unmap: the mapping holds the device open
         self.mappers[record.mapper].unmap(record)
         if os.path.isdir(record.staging_path):
             _remove_leftovers(record.staging_path)

@@ -109,14 +109,16 @@ def test_volume_staged_by_ceph_csi_is_published_and_unstaged(env: NodeEnv, make_
     assert_no_leftovers(env, volume)
 
 
-def test_encrypted_ceph_csi_stage_is_refused(env: NodeEnv) -> None:
+def test_encrypted_ceph_csi_stage_is_unstaged(env: NodeEnv) -> None:
+    """A LUKS stage of ceph-csi's whose mapping and device are already gone (this host has no
+    device-mapper; closing a real mapping is tests/vm/test_encrypted_stage.py's): the unstage
+    finds nothing open or mapped and removes the stash."""
     volume_id = VolumeId(env.cluster.cluster_id, 1, str(uuid.uuid4())).encode()
     staging = env.staging()
     with open(os.path.join(staging, "image-meta.json"), "w") as handle:
         json.dump({"Version": 3, "pool": env.cluster.pool, "image": "csi-vol-x", "encrypted": True}, handle)
-    message = expect_code(grpc.StatusCode.FAILED_PRECONDITION, env.node.NodeUnstageVolume,
-                          csi_pb2.NodeUnstageVolumeRequest(volume_id=volume_id, staging_target_path=staging))
-    assert "LUKS" in message
+    env.node.NodeUnstageVolume(csi_pb2.NodeUnstageVolumeRequest(volume_id=volume_id, staging_target_path=staging))
+    assert os.listdir(staging) == []
 
 
 def test_block_volume_staged_by_ceph_csi_is_published_and_unstaged(env: NodeEnv, make_volume) -> None:  # type: ignore[no-untyped-def]

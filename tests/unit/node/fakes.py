@@ -15,6 +15,7 @@ class Call:
     timeout: float | None
     new_session: bool
     secrets: tuple[str, ...]
+    stdin: str | None = None
     files: dict[str, tuple[int, str]] = field(default_factory=dict)
     """For each argv element naming an existing file (or --keyfile=path): (mode, content) at call time."""
 
@@ -38,9 +39,10 @@ class FakeRunner:
         ok_codes: tuple[int, ...] = (0,),
         new_session: bool = False,
         secrets: Sequence[str] = (),
+        stdin: str | None = None,
     ) -> Result:
         check_argv(argv)
-        call = Call(list(argv), what, timeout, new_session, tuple(secrets))
+        call = Call(list(argv), what, timeout, new_session, tuple(secrets), stdin)
         for arg in argv:
             path = arg.split("=", 1)[1] if arg.startswith("--keyfile=") else arg
             if path.startswith("/") and os.path.isfile(path):

@@ -1,0 +1,102 @@
+"""The LUKS steps of staging a block-encrypted volume (ceph-csi's `encryptionType: block`), between
+the map and the filesystem: format once, open, and later resize and close.
+
+ceph-csi's protocol, kept so either driver stages the other's volumes (internal/rbd/nodeserver.go
+processEncryptedDevice): the image metadata `rbd.csi.ceph.com/encrypted` says
+- "encryptionPrepared": CreateVolume kept a passphrase; the first stage formats LUKS2 on the
+  device — only if the device holds nothing at all (a LUKS header found there is what an
+  interrupted earlier stage wrote: it is kept) — then records "encrypted";
+- "encrypted": the device must hold a LUKS header; it is opened, never formatted;
+- anything else (unset on a volume the context calls encrypted): refused, nothing is written.
+
+Crash safety: the mapping's name is deterministic (`luks-rbd-<volume id>`) and recorded before
+the open, so unstage (or a resumed stage) closes whatever an interrupted stage left open; a
+resumed stage whose mapping is still open needs no passphrase at all. The state goes to
+"encrypted" only after luksFormat returned, and a crash between the two is settled by the next
+stage (it finds the header, keeps it, and records the state).
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from cephcsi.encryption import volume_keys
+from cephcsi.encryption.spec import BLOCK, EncryptionSpec
+from cephcsi.errors import FailedPrecondition, InvalidArgument
+from cephcsi.node import devices, luks
+from cephcsi.node.image_meta import RbdImageMetadata
+from cephcsi.node.luks_keys import KeySource
+from cephcsi.node.requests import StageRequest
+from cephcsi.node.stage_record import StageRecord
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+
+def check_supported(spec: EncryptionSpec | None) -> None:
+    """INVALID_ARGUMENT for an encryption the node does not do (fscrypt, `encryptionType: file`)."""
+    if spec is not None and spec.type != BLOCK:
+        raise InvalidArgument(
+            f"encryptionType {spec.type!r} is not supported by this node plugin (only \"block\", LUKS2); "
+            "use a StorageClass with encryptionType: block"
+        )
+
+
+class LuksStage:
+    def __init__(self, cryptsetup: luks.Luks, keys: Callable[[], KeySource],
+                 metadata: Callable[[StageRequest], RbdImageMetadata]) -> None:
+        self.cryptsetup = cryptsetup
+        self._keys = keys
+        self.metadata = metadata
+
+    def open(self, record: StageRecord, request: StageRequest, spec: EncryptionSpec) -> bool:
+        """Make /dev/mapper/<record.crypt_name> the open LUKS device over record.device; True when
+        this call opened it. The record names the mapping already (saved by the caller)."""
+        active = self.cryptsetup.status(record.crypt_name)
+        if active is not None:
+            luks.require_backing(active, record.device, record.volume_id)
+            return False
+        meta = self.metadata(request)
+        values = meta.read()
+        state = volume_keys.state_of(values)
+        if state not in (volume_keys.PREPARED, volume_keys.ENCRYPTED):
+            raise FailedPrecondition(
+                f"volume {record.volume_id} is encrypted by its volume context, but image {request.image} has "
+                f"encryption state {state or 'unset'!r} ({volume_keys.STATE_KEY}), neither "
+                f"{volume_keys.PREPARED!r} nor {volume_keys.ENCRYPTED!r}; it was not created as an encrypted volume "
+                "(or its CreateVolume did not finish), so it is neither formatted nor opened"
+            )
+        passphrase = self._keys().passphrase(values, record.volume_id, spec, request.secrets)
+        if state == volume_keys.PREPARED:
+            self._format_once(record, meta, passphrase)
+        elif not self.cryptsetup.is_luks(record.device):
+            raise FailedPrecondition(
+                f"image {request.image} of volume {record.volume_id} is marked {volume_keys.ENCRYPTED!r} but its "
+                f"device {record.device} holds no LUKS header; it is not formatted again (that could hide data). "
+                "Inspect the image by hand"
+            )
+        self.cryptsetup.open(record.device, record.crypt_name, passphrase, record.volume_id, read_only=record.read_only)
+        return True
+
+    def _format_once(self, record: StageRecord, meta: RbdImageMetadata, passphrase: str) -> None:
+        if record.read_only:
+            if not self.cryptsetup.is_luks(record.device):
+                raise FailedPrecondition(
+                    f"encrypted volume {record.volume_id} was never staged for writing, so it holds no LUKS header "
+                    "yet; a read-only stage never formats it. Stage it read-write once first"
+                )
+        else:
+            # Nothing else may hold the device while it is formatted (an mkfs a killed plugin left).
+            devices.require_unclaimed(record.device)
+            if self.cryptsetup.format(record.device, passphrase, record.volume_id):
+                log.info("volume formatted with LUKS2", extra=fields(volume_id=record.volume_id))
+            meta.set(volume_keys.STATE_KEY, volume_keys.ENCRYPTED)
+
+    def close(self, record: StageRecord) -> None:
+        if record.crypt_name:
+            self.cryptsetup.close(record.crypt_name)
+
+    def resize(self, record: StageRecord) -> int:
+        """Grow the open mapping to its RBD device's size; the mapping's size in bytes."""
+        return self.cryptsetup.resize(record.crypt_name)
+

@@ -1,0 +1,59 @@
+"""An RBD image's metadata (`rbd image-meta list/set`) from the node plugin.
+
+The node talks to Ceph only through the rbd tools (no librados connection of its own), so an
+encrypted volume's state and stored key are read the same way: one `rbd image-meta` run per
+image, with the user's key in a 0600 file (cephcsi.ceph.credentials.key_file), never in argv.
+A value is never logged (the runner logs argv and stderr, not stdout: a stored key is stdout).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from cephcsi.ceph.credentials import Credentials, key_file
+from cephcsi.errors import Internal
+from cephcsi.node.exec import CommandFailed, Runner
+from cephcsi.node.mappers.rbd_cli import image_args, translate
+from cephcsi.node.stage_record import ImageSpec
+
+
+@dataclass(frozen=True)
+class RbdImageMetadata:
+    """The metadata of one image, read and written with the stage's credentials."""
+
+    runner: Runner = field(repr=False)
+    timeout: float
+    image: ImageSpec
+    monitors: str
+    credentials: Credentials = field(repr=False)
+
+    def _argv(self, action: str, keyfile: str) -> list[str]:
+        return ["rbd", "image-meta", action, *image_args(self.image), "--id", self.credentials.user_id,
+                "-m", self.monitors, f"--keyfile={keyfile}"]
+
+    def read(self) -> dict[str, str]:
+        """Every key of the image's metadata and its value (one `rbd image-meta list`)."""
+        what = f"read the metadata of image {self.image}"
+        with key_file(self.credentials) as keyfile:
+            try:
+                result = self.runner([*self._argv("list", keyfile), "--format", "json"], what=what,
+                                     timeout=self.timeout, secrets=(self.credentials.key,))
+            except CommandFailed as error:
+                raise translate(error, what, self.image) from None
+        try:
+            doc = json.loads(result.stdout or "{}")
+        except ValueError:
+            raise Internal(f"`rbd image-meta list` printed something that is not JSON for image {self.image}") from None
+        if not isinstance(doc, dict):
+            raise Internal(f"`rbd image-meta list` printed no JSON object for image {self.image}")
+        return {str(key): str(value) for key, value in doc.items()}
+
+    def set(self, key: str, value: str) -> None:
+        """Only for values that are no secret (the encryption state): the value goes into argv."""
+        what = f"set metadata {key} of image {self.image}"
+        with key_file(self.credentials) as keyfile:
+            try:
+                self.runner([*self._argv("set", keyfile), key, value], what=what, timeout=self.timeout,
+                            secrets=(self.credentials.key,))
+            except CommandFailed as error:
+                raise translate(error, what, self.image) from None

@@ -1,0 +1,231 @@
+"""The stager's LUKS steps with fakes for the mapper, mounts and commands (the real ones run on
+the VM node, tests/vm/test_encrypted_stage.py): ceph-csi's state protocol (format only from
+"encryptionPrepared" and a blank device, then "encrypted"; open without formatting otherwise;
+refuse anything else), the mapping named in the record before it is opened, a resumed stage
+with an open mapping needing no passphrase, and unstage/rollback closing it before the unmap."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from cephcsi.ceph.credentials import Credentials
+from cephcsi.encryption.spec import EncryptionSpec
+from cephcsi.errors import FailedPrecondition, InvalidArgument
+from cephcsi.node import stage_record
+from cephcsi.node.mappers.base import KRBD, MapRequest
+from cephcsi.node.requests import StageRequest, VolumeAccess
+from cephcsi.node.stage_record import ImageSpec, StageRecord
+from cephcsi.node.stager import Stager
+from tests.unit.node.fakes import FakeRunner
+
+pytestmark = pytest.mark.unit
+
+VOLUME = "0001-0004-ceph-0000000000000001-11111111-2222-3333-4444-555555555555"
+NAME = f"luks-rbd-{VOLUME}"
+PASSPHRASE = "secret-passphrase-of-the-class"
+KEY = "AQDNxw5nAAAAABAAm5iF0VdkmIsjJm9H4BXRBQ=="
+STATE = "rbd.csi.ceph.com/encrypted"
+ACTIVE = f"/dev/mapper/{NAME} is active.\n  type:    LUKS2\n  device:  {{device}}\n  offset:  32768 sectors\n" \
+         "  size:    98304 sectors\n"
+
+
+class Events:
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+
+class FakeMapper:
+    name = KRBD
+
+    def __init__(self, device: str, events: Events) -> None:
+        self.device = device
+        self.events = events
+        self.mapped = False
+
+    def work_dir_for(self, volume_id: str, staging_path: str) -> str:
+        return ""
+
+    def map(self, request: MapRequest) -> str:
+        self.mapped = True
+        self.events.log.append("map")
+        return self.device
+
+    def find(self, record: StageRecord) -> str | None:
+        return self.device if self.mapped else None
+
+    def unmap(self, record: StageRecord) -> None:
+        self.mapped = False
+        self.events.log.append("unmap")
+
+
+class FakeMounter:
+    def __init__(self, events: Events) -> None:
+        self.events = events
+
+    def bind(self, source: str, target: str, read_only: bool = False) -> None:
+        self.events.log.append(f"bind {source}")
+
+    def unmount(self, target: str) -> None:
+        self.events.log.append("unmount")
+
+
+class FixedChoice:
+    def for_volume(self, mounter: str) -> str:
+        return KRBD
+
+
+class Cluster:
+    """The image's metadata and the dm-crypt mapping, as the fake commands change them."""
+
+    def __init__(self, device: str, events: Events, state: str | None, blkid: str = "", is_luks: bool = False) -> None:
+        self.device = device
+        self.events = events
+        self.metadata = {} if state is None else {STATE: state}
+        self.blkid = blkid
+        self.is_luks = is_luks
+        self.open = False
+
+    def respond(self, argv: list[str]) -> tuple[int, str, str] | None:
+        if argv[:3] == ["rbd", "image-meta", "list"]:
+            self.events.log.append("meta list")
+            return 0, json.dumps(self.metadata), ""
+        if argv[:3] == ["rbd", "image-meta", "set"]:
+            self.metadata[argv[-2]] = argv[-1]
+            self.events.log.append(f"meta set {argv[-1]}")
+            return None
+        if argv[0] == "blkid":
+            return (0, self.blkid, "") if self.blkid else (2, "", "")
+        if argv[0] != "cryptsetup":
+            return None
+        action = argv[2] if argv[1] == "-q" else argv[1]
+        if action == "status":
+            return (0, ACTIVE.format(device=self.device), "") if self.open else (4, "", "")
+        if action == "isLuks":
+            return (0 if self.is_luks else 1), "", ""
+        self.events.log.append(action)
+        if action == "luksFormat":
+            self.is_luks = True
+        elif action == "luksOpen":
+            self.open = True
+        elif action == "luksClose":
+            self.open = False
+        return None
+
+
+@pytest.fixture
+def events() -> Events:
+    return Events()
+
+
+@pytest.fixture
+def device(tmp_path: os.PathLike[str]) -> str:
+    path = os.path.join(tmp_path, "rbd0")
+    with open(path, "wb") as handle:
+        handle.truncate(1 << 20)
+    return path
+
+
+def make(cluster: Cluster, events: Events, mapper: FakeMapper) -> tuple[Stager, FakeRunner]:
+    runner = FakeRunner(cluster.respond)
+    stager = Stager({KRBD: mapper}, FixedChoice(), FakeMounter(events), runner, 10, "",  # type: ignore[arg-type]
+                    read_mounts=lambda: [])
+    return stager, runner
+
+
+def request(staging: str, kind: str = "block") -> StageRequest:
+    return StageRequest(
+        volume_id=VOLUME, staging_path=staging, cluster_id="ceph", monitors="127.0.0.1:6789",
+        image=ImageSpec("rbd", "csi-vol-1"), credentials=Credentials("csi", KEY), access=VolumeAccess("block"),
+        encryption=EncryptionSpec(type=kind, kms_id="default"),
+        secrets={"userID": "csi", "userKey": KEY, "encryptionPassphrase": PASSPHRASE},
+    )
+
+
+def staging_dir(tmp_path: os.PathLike[str]) -> str:
+    path = os.path.join(tmp_path, "staging")
+    os.mkdir(path)
+    return path
+
+
+def test_first_stage_formats_marks_and_opens_and_binds_the_mapping(
+        tmp_path: os.PathLike[str], device: str, events: Events) -> None:
+    cluster = Cluster(device, events, "encryptionPrepared")
+    stager, runner = make(cluster, events, FakeMapper(device, events))
+    staging = staging_dir(tmp_path)
+    stager.stage(request(staging))
+    assert events.log == ["map", "meta list", "luksFormat", "meta set encrypted", "luksOpen", f"bind /dev/mapper/{NAME}"]
+    assert cluster.metadata[STATE] == "encrypted"
+    record = stage_record.load(staging)
+    assert record is not None and record.staged and record.crypt_name == NAME and record.encryption == "block"
+    # The passphrase went to cryptsetup's stdin only.
+    assert [c.stdin for c in runner.calls if c.argv[0] == "cryptsetup" and c.stdin] == [PASSPHRASE, PASSPHRASE]
+    assert not any(PASSPHRASE in arg for c in runner.calls for arg in c.argv)
+
+
+def test_an_encrypted_volume_is_opened_never_formatted(tmp_path: os.PathLike[str], device: str, events: Events) -> None:
+    cluster = Cluster(device, events, "encrypted", blkid="TYPE=crypto_LUKS\nUSAGE=crypto\n", is_luks=True)
+    stager, _ = make(cluster, events, FakeMapper(device, events))
+    stager.stage(request(staging_dir(tmp_path)))
+    assert "luksFormat" not in events.log and "luksOpen" in events.log
+
+
+def test_a_header_an_interrupted_stage_wrote_is_kept_and_the_state_finished(
+        tmp_path: os.PathLike[str], device: str, events: Events) -> None:
+    cluster = Cluster(device, events, "encryptionPrepared", blkid="TYPE=crypto_LUKS\nUSAGE=crypto\n", is_luks=True)
+    stager, _ = make(cluster, events, FakeMapper(device, events))
+    stager.stage(request(staging_dir(tmp_path)))
+    assert "luksFormat" not in events.log
+    assert cluster.metadata[STATE] == "encrypted"
+
+
+@pytest.mark.parametrize("state, blkid", [("encrypted", ""), (None, ""), ("encryptionPrepared", "TYPE=ext4\nUSAGE=filesystem\n")])
+def test_nothing_is_formatted_outside_the_protocol_and_the_map_is_rolled_back(
+        tmp_path: os.PathLike[str], device: str, events: Events, state: str | None, blkid: str) -> None:
+    cluster = Cluster(device, events, state, blkid=blkid)
+    mapper = FakeMapper(device, events)
+    stager, _ = make(cluster, events, mapper)
+    with pytest.raises(FailedPrecondition):
+        stager.stage(request(staging_dir(tmp_path)))
+    assert "luksFormat" not in events.log and "luksOpen" not in events.log
+    assert not mapper.mapped
+    assert cluster.metadata == ({} if state is None else {STATE: state})
+
+
+def test_a_resumed_stage_with_the_mapping_open_needs_no_passphrase(
+        tmp_path: os.PathLike[str], device: str, events: Events) -> None:
+    cluster = Cluster(device, events, "encrypted", is_luks=True)
+    mapper = FakeMapper(device, events)
+    stager, _ = make(cluster, events, mapper)
+    staging = staging_dir(tmp_path)
+    stager.stage(request(staging))
+    record = stage_record.load(staging)
+    assert record is not None
+    record.staged = False  # as if the plugin died before the last save
+    stage_record.save(record)
+    events.log.clear()
+    stager.stage(request(staging))
+    assert "meta list" not in events.log and "luksOpen" not in events.log
+
+
+def test_unstage_closes_the_mapping_between_unmount_and_unmap(
+        tmp_path: os.PathLike[str], device: str, events: Events) -> None:
+    cluster = Cluster(device, events, "encryptionPrepared")
+    stager, _ = make(cluster, events, FakeMapper(device, events))
+    staging = staging_dir(tmp_path)
+    stager.stage(request(staging))
+    events.log.clear()
+    stager.unstage(VOLUME, staging)
+    assert events.log == ["luksClose", "unmap"]
+    assert not cluster.open and stage_record.load(staging) is None
+
+
+def test_file_encryption_is_refused_before_anything_is_done(tmp_path: os.PathLike[str], device: str,
+                                                            events: Events) -> None:
+    cluster = Cluster(device, events, "encryptionPrepared")
+    stager, runner = make(cluster, events, FakeMapper(device, events))
+    with pytest.raises(InvalidArgument) as caught:
+        stager.stage(request(staging_dir(tmp_path), kind="file"))
+    assert "encryptionType 'file'" in caught.value.message
+    assert runner.calls == [] and events.log == []
