@@ -76,6 +76,7 @@ class SnapshotRpcs(ServicerBase):
             source_volume_id=request.source_volume_id,
             parameters=SnapshotParameters.parse(request.parameters),
             credentials=Credentials.from_secrets(request.secrets),
+            secrets=request.secrets,
         ))
         return csi_pb2.CreateSnapshotResponse(snapshot=snapshot_message(snapshot))
 

@@ -30,6 +30,8 @@ from cephcsi.volumes.journal import Record
 
 log = logging.getLogger(__name__)
 
+OWNER_KEY = "csi.volume.owner"
+"""ceph-csi's record key of the claim's namespace (its volume Owner): the KMS tenant."""
 SOURCE_VOLUME_ID = "csi.source.volumeid"
 """A cephcsi snapshot record's source volume (cephcsi.volumes.snapshots)."""
 
@@ -37,6 +39,14 @@ SOURCE_VOLUME_ID = "csi.source.volumeid"
 def spec_of(record: Record) -> EncryptionSpec | None:
     return volume_keys.spec_of_record({key: record.get(key)
                                        for key in (volume_keys.RECORD_KMS_KEY, volume_keys.RECORD_TYPE_KEY)})
+
+
+def record_values_of(source: Record) -> dict[str, str]:
+    """The encryption keys (KMS, type, owner) a snapshot's record copies from its source's."""
+    values = volume_keys.record_values(spec_of(source))
+    if values and source.get(OWNER_KEY):
+        values[OWNER_KEY] = source.get(OWNER_KEY)
+    return values
 
 
 @dataclass(frozen=True)
@@ -127,5 +137,3 @@ class Encryption:
         if spec is not None:
             self.keys.remove_key(volume_id, spec, secrets, record.get(OWNER_KEY))
 
-
-OWNER_KEY = "csi.volume.owner"

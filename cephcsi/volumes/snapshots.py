@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import rados
 import rbd
@@ -33,7 +33,8 @@ from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import AlreadyExists, CephCSIError, FailedPrecondition, InvalidArgument, NotFound, OperationInFlight
 from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
-from cephcsi.volumes import failpoints, flatten, sources, split_journal
+from cephcsi.encryption.volume_keys import ImageRef
+from cephcsi.volumes import encrypted, failpoints, flatten, sources, split_journal
 from cephcsi.volumes.journal import IMAGE_ID, SNAPSHOTS, SOURCE, Journal, Record
 from cephcsi.volumes.manager import VolumeManager
 from cephcsi.volumes.split_journal import JOURNAL_POOL, parse_name_value
@@ -76,6 +77,8 @@ class SnapshotRequest:
     source_volume_id: str
     parameters: SnapshotParameters
     credentials: Credentials
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """The call's raw secrets: the snapshot of an encrypted volume re-keeps its passphrase."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,7 @@ class SnapshotManager:
                         continue
                     record = self._claim(volumes, snapshots, uuid, request, source_id)
                     failpoints.reach("snapshot.after-record")
-                    return self._complete(session, io, pool, volumes, snapshots, record)
+                    return self._complete(session, io, pool, volumes, snapshots, record, request.secrets)
             raise OperationInFlight(f"snapshot {request.name!r} is being deleted concurrently; retry")
 
     @staticmethod
@@ -147,15 +150,17 @@ class SnapshotManager:
                 snapshots.release_name(request.name, uuid)
                 snapshots.discard_orphan(uuid)
                 raise NotFound(f"source volume {request.source_volume_id!r} does not exist")
+            # An encrypted source's KMS goes to the snapshot's record too, as ceph-csi journals it.
             record = snapshots.claim_record(uuid, request.name, f"{request.parameters.name_prefix}{uuid}", {
-                SOURCE: source.image_name, SOURCE_VOLUME_ID: request.source_volume_id})
+                SOURCE: source.image_name, SOURCE_VOLUME_ID: request.source_volume_id,
+                **encrypted.record_values_of(source)})
         if record.get(SOURCE_VOLUME_ID) != request.source_volume_id:
             raise AlreadyExists(f"snapshot {request.name!r} already exists for source volume "
                                 f"{record.get(SOURCE_VOLUME_ID)!r}, not {request.source_volume_id!r}")
         return record
 
     def _complete(self, session: Session, io: rados.Ioctx, pool: str, volumes: Journal, snapshots: Journal,
-                  record: Record) -> Snapshot:
+                  record: Record, secrets: Mapping[str, str] = {}) -> Snapshot:
         name = record.image_name
         shape = self._restore_point(io, name)
         if shape is None:
@@ -164,6 +169,7 @@ class SnapshotManager:
             except NotFound:
                 self._forget(session, io, snapshots, record)
                 raise
+            self._rekey(io, record, secrets)
             with ceph_call("snapshot the snapshot image", f"image {name!r}"), rbd.Image(io, name) as image:
                 # The restore point: restores clone from it; ceph-csi names it like the image.
                 layering.ensure_snap(image, name)
@@ -171,6 +177,22 @@ class SnapshotManager:
             failpoints.reach("snapshot.after-restore-point")
         record = snapshots.read(record.uuid) or record
         return self._describe(session, io, pool, snapshots, record, shape, queue=True)
+
+    def _rekey(self, io: rados.Ioctx, record: Record, secrets: Mapping[str, str]) -> None:
+        """An encrypted source's snapshot image carries the source's wrapped passphrase (librbd's
+        clone copies metadata); ceph-csi keeps it for the snapshot's own id (copyEncryptionConfig),
+        and restores, its own or ours, read it there. Before the restore point: a snapshot whose
+        restore point exists has its passphrase, and a retry before that re-keeps it."""
+        spec = encrypted.spec_of(record)
+        if spec is None:
+            return
+        source_id = record.get(SOURCE_VOLUME_ID)
+        snapshot_id = VolumeId(sources.decode(source_id, "source volume").cluster_id, io.get_pool_id(),
+                               record.uuid).encode()
+        self.volumes.encryption.keys.copy_key(ImageRef(io, record.get(SOURCE), source_id), spec,
+                                              ImageRef(io, record.image_name, snapshot_id), spec, secrets,
+                                              record.get(encrypted.OWNER_KEY))
+        failpoints.reach("snapshot.after-key")
 
     @staticmethod
     def _forget(session: Session, io: rados.Ioctx, snapshots: Journal, record: Record) -> None:

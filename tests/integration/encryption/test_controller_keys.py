@@ -77,7 +77,13 @@ def test_metadata_kms_volume_clone_restore(kms_driver: DriverProcess, ceph_clust
 
     # So does a restore of a snapshot.
     snap_request = snapshot_request(ceph_cluster, volume.volume_id)
+    snap_request.secrets["encryptionPassphrase"] = KEK
     snapshot = ctl.CreateSnapshot(snap_request).snapshot
+    # The snapshot image keeps it for its own id, as ceph-csi's copyEncryptionConfig does (so
+    # ceph-csi restores it too), and its record names the KMS.
+    snap_meta = meta(ceph_cluster, "csi-snap-" + snapshot.snapshot_id[-36:])
+    assert secrets_kms.unwrap(KEK, snapshot.snapshot_id, snap_meta["rbd.csi.ceph.com/dek"], "t") == passphrase
+    assert ceph_cluster.omap(f"csi.snap.{snapshot.snapshot_id[-36:]}")["csi.volume.encryptKMS"] == "meta"
     restore_request = from_snapshot(ceph_cluster, snapshot.snapshot_id, name="pvc-enc-restore")
     restore_request.parameters.update(encrypted="true", encryptionKMSID="meta")
     restore_request.secrets["encryptionPassphrase"] = KEK
