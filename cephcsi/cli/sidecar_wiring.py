@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from kubernetes import client as k8s
 
 from cephcsi._generated import csi_pb2
+from cephcsi.cli.kms_secrets import KubeSecretReader
 from cephcsi.csi.controller import ControllerServicer
 from cephcsi.csi.server import socket_path
 from cephcsi.csi.services import Services
@@ -119,6 +120,8 @@ def build_controller_loops(settings: Settings, services: Services, health: Healt
     parts = _Parts(settings, services, controller, clients, KubeApi(api_client),
                    ItemBackoffSettings(sidecar.retry_interval_start,
                                        max(sidecar.retry_interval_start, sidecar.retry_interval_max)))
+    # Encrypted volumes' KMS types that name a Secret (metadata's secretName) read it here.
+    controller.volumes.encryption.keys.secret_reader = KubeSecretReader(parts.api)
     loops = Loops(
         provisioner=_provisioner(parts) if "provisioner" in chosen else None,
         attacher=_attacher(parts) if "attacher" in chosen else None,
