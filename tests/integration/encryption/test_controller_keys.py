@@ -13,10 +13,13 @@ import pytest
 
 from cephcsi._generated import csi_pb2
 from cephcsi.encryption.kms import secrets as secrets_kms
+from cephcsi.encryption.volume_keys import new_passphrase
+from tests.ceph.ceph_csi_journal import journal_as_ceph_csi
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.helpers import create_request, image_of, journal_entries, until_ok
 from tests.integration.controller.snapshot_helpers import delete_all, from_snapshot, from_volume, snapshot_request
 from tests.integration.driver import DriverProcess
+from tests.unit.encryption.test_wrap import go_unwrap, go_wrap
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
 
@@ -169,3 +172,30 @@ def test_a_create_killed_around_the_key_is_settled_by_its_retry(ceph_cluster: Ce
         delete_all(retry, ceph_cluster, [], [volume.volume_id])
     finally:
         retry.cleanup()
+
+
+@pytest.mark.parametrize("dek_key", ["rbd.csi.ceph.com/dek", ".rbd.csi.ceph.com/dek"], ids=["current", "old-key"])
+def test_a_volume_ceph_csi_encrypted_is_cloned_with_its_passphrase(kms_driver: DriverProcess,
+                                                                   ceph_cluster: CephTestCluster, dek_key: str) -> None:
+    """ceph-csi's layout written by the test (journal by raw RADOS calls, the DEK wrapped by the
+    independent construction of tests/unit/encryption/test_wrap.py): cephcsi clones it, the clone
+    opens with the same passphrase under its own id, and the ceph-csi volume is deleted."""
+    name = f"pvc-ceph-csi-enc-{dek_key[0] == '.'}"
+    volume = journal_as_ceph_csi(ceph_cluster, name)
+    passphrase = new_passphrase()
+    ceph_cluster.admin("rbd", "image-meta", "set", f"{ceph_cluster.pool}/{volume.image}", dek_key,
+                       go_wrap(KEK, volume.volume_id, passphrase))
+    ceph_cluster.admin("rbd", "image-meta", "set", f"{ceph_cluster.pool}/{volume.image}",
+                       "rbd.csi.ceph.com/encrypted", "encrypted")
+    for key, value in (("csi.volume.encryptKMS", "meta"), ("csi.volume.encryptionType", "block")):
+        ceph_cluster.admin("rados", "-p", ceph_cluster.pool, "setomapval", f"csi.volume.{volume.uuid}", key, value)
+
+    request = from_volume(ceph_cluster, volume.volume_id, name=f"{name}-clone")
+    request.parameters.update(encrypted="true", encryptionKMSID="meta")
+    request.secrets["encryptionPassphrase"] = KEK
+    clone = kms_driver.controller.CreateVolume(request).volume
+    found = meta(ceph_cluster, image_of(clone.volume_id))
+    assert found["rbd.csi.ceph.com/encrypted"] == "encrypted"
+    assert go_unwrap(KEK, clone.volume_id, found["rbd.csi.ceph.com/dek"]) == passphrase
+    delete_all(kms_driver, ceph_cluster, [], [clone.volume_id, volume.volume_id])
+    assert volume.image not in ceph_cluster.images()
