@@ -82,6 +82,21 @@ class NodeSettings:
 
 
 @dataclass(frozen=True)
+class CapacitySettings:
+    """external-provisioner's capacity flags, with its defaults (see cephcsi.sidecars.capacity)."""
+
+    enabled: bool = False
+    """--enable-capacity: CSIStorageCapacity objects from GetCapacity (deploy/ turns it on)."""
+    poll_interval: float = 60.0
+    """--capacity-poll-interval: how often every object's figure is refreshed."""
+    immediate_binding: bool = False
+    """--capacity-for-immediate-binding: also for classes with Immediate binding."""
+    ownerref_level: int = 1
+    """--capacity-ownerref-level: owner of the objects, counted from the controller's Pod
+    (POD_NAME): -1 none, 0 the Pod, 1 its ReplicaSet, 2 the Deployment."""
+
+
+@dataclass(frozen=True)
 class SidecarSettings:
     enabled: tuple[str, ...] = ("provisioner", "attacher", "resizer")
     """Loops to run in controller mode (`--sidecars`); registrar in node mode."""
@@ -105,6 +120,8 @@ class SidecarSettings:
     extra_create_metadata: bool = False
     default_fstype: str = "ext4"
     kubelet_registration_path: str = ""
+    capacity: CapacitySettings = field(default_factory=CapacitySettings)
+    """Capacity tracking (CSIStorageCapacity objects), part of the provisioner."""
     """CSI socket path as the kubelet sees it (registrar); default derives from --kubelet-dir."""
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from cephcsi import __version__
-from cephcsi.settings import CephSettings, NodeSettings, Settings, SidecarSettings, SnapshotSettings
+from cephcsi.settings import CapacitySettings, CephSettings, NodeSettings, Settings, SidecarSettings, SnapshotSettings
 
 MODES = ("controller", "node", "all")
 CONTROLLER_LOOPS = ("provisioner", "attacher", "resizer", "snapshotter")
@@ -156,6 +156,13 @@ def _sidecar_flags(p: argparse.ArgumentParser) -> None:
     s.add_argument("--http-endpoint", default="", help="host:port for /healthz, /readyz, /metrics")
     s.add_argument("--extra-create-metadata", type=_bool, nargs="?", const=True, default=False)
     s.add_argument("--default-fstype", default="ext4")
+    s.add_argument("--enable-capacity", type=_bool, nargs="?", const=True, default=False,
+                   help="publish CSIStorageCapacity objects from GetCapacity (with the provisioner)")
+    s.add_argument("--capacity-poll-interval", type=_duration, default=60.0)
+    s.add_argument("--capacity-for-immediate-binding", type=_bool, nargs="?", const=True, default=False)
+    s.add_argument("--capacity-ownerref-level", type=int, default=1,
+                   help="owner of CSIStorageCapacity objects: -1 none, 0 the Pod (POD_NAME), 1 its ReplicaSet, "
+                        "2 its Deployment")
 
 
 def _loops(text: str, mode: str, parser: argparse.ArgumentParser) -> tuple[str, ...]:
@@ -180,6 +187,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--leader-election-renew-deadline must be shorter than --leader-election-lease-duration")
     if a.leader_election_retry_period >= a.leader_election_renew_deadline:
         parser.error("--leader-election-retry-period must be shorter than --leader-election-renew-deadline")
+    if a.capacity_poll_interval < 1:
+        parser.error("--capacity-poll-interval must be at least 1s")
+    if a.capacity_ownerref_level < -1:
+        parser.error("--capacity-ownerref-level must be -1 (no owner) or more")
     return _settings(a, parser)
 
 
@@ -249,6 +260,8 @@ def _sidecar_settings(a: argparse.Namespace, parser: argparse.ArgumentParser) ->
         extra_create_metadata=a.extra_create_metadata,
         default_fstype=a.default_fstype,
         kubelet_registration_path=a.kubelet_registration_path,
+        capacity=CapacitySettings(a.enable_capacity, a.capacity_poll_interval, a.capacity_for_immediate_binding,
+                                  a.capacity_ownerref_level),
     )
 
 

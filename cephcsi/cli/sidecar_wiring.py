@@ -38,6 +38,10 @@ from cephcsi.sidecars.attacher.controller import AttacherLoop
 from cephcsi.sidecars.attacher.fencing import KubeNodes, Unfencer
 from cephcsi.sidecars.attacher.publishing import PublishingAttach, node_id_of
 from cephcsi.sidecars.calls import CsiCalls
+from cephcsi.sidecars.capacity import desired as capacity_desired
+from cephcsi.sidecars.capacity.api import CapacityApi
+from cephcsi.sidecars.capacity.controller import CapacityContext, CapacityLoop
+from cephcsi.sidecars.capacity.secrets import KubeCapacitySecrets
 from cephcsi.sidecars.controller import (
     ControllerClients,
     ControllerLoops,
@@ -127,7 +131,10 @@ def build_controller_loops(settings: Settings, services: Services, health: Healt
         attacher=_attacher(parts) if "attacher" in chosen else None,
         resizer=_resizer(parts) if "resizer" in chosen else None,
         snapshotter=_snapshotter(parts) if "snapshotter" in chosen else None,
+        capacity=_capacity(parts) if "provisioner" in chosen and sidecar.capacity.enabled else None,
     )
+    # GetCapacity reads the class's provisioner secret, for the capacity loop and gRPC callers alike.
+    controller.capacity_secrets = KubeCapacitySecrets(parts.api)
     leadership = _leadership(settings) if sidecar.leader_election else None
     return ControllerLoops(clients, loops, health, request_exit, leadership=leadership,
                            shutdown_grace=settings.shutdown_grace)
@@ -243,6 +250,35 @@ def _resizer(parts: _Parts) -> ResizerLoop:
     )
     return ResizerLoop(ctx, workers=min(parts.settings.sidecars.worker_threads, RESIZER_WORKERS),
                        backoff=parts.backoff)
+
+
+def _capacity(parts: _Parts) -> CapacityLoop:
+    """CSIStorageCapacity objects in the controller's namespace (its Lease's), owned as
+    --capacity-ownerref-level says, counted from the Pod named by POD_NAME."""
+    settings, driver = parts.settings.sidecars.capacity, parts.settings.driver_name
+    namespace = lease_namespace(parts.settings.sidecars.leader_election_namespace)
+    api = CapacityApi(parts.api_client, namespace)
+    pod = os.environ.get("POD_NAME", "").strip()
+    if settings.ownerref_level >= 0 and not pod:
+        raise ConfigError(
+            f"--capacity-ownerref-level={settings.ownerref_level} needs the controller's Pod name in POD_NAME "
+            "(downward API: metadata.name) to find the owner of CSIStorageCapacity objects; or pass -1 for none")
+    level = settings.ownerref_level
+    ctx = CapacityContext(
+        driver_name=driver,
+        classes=parts.factory.storage_classes(),
+        csinodes=parts.factory.csi_nodes(),
+        nodes=parts.factory.nodes(),
+        capacities=parts.factory.for_resource(k8s.StorageV1Api, "list_namespaced_csi_storage_capacity",
+                                              namespace=namespace, label_selector=capacity_desired.label_selector(driver)),
+        api=api,
+        controller=parts.controller,
+        calls=parts.clients.calls,
+        find_owner=lambda: api.owner(pod, level) if level >= 0 else None,
+        poll_interval=settings.poll_interval,
+        immediate_binding=settings.immediate_binding,
+    )
+    return CapacityLoop(ctx, backoff=parts.backoff)
 
 
 def _snapshotter(parts: _Parts) -> SnapshotterLoop:

@@ -109,10 +109,13 @@ class Loops:
     attacher: LeaderLoop | None = None
     resizer: LeaderLoop | None = None
     snapshotter: ClosingLoop | None = None
+    capacity: LeaderLoop | None = None
+    """The provisioner's capacity tracking (--enable-capacity)."""
 
     def present(self) -> list[LeaderLoop]:
         """The loops present, in start order (stop order is the same: they are independent)."""
-        chosen: list[LeaderLoop | None] = [self.provisioner, self.attacher, self.resizer, self.snapshotter]
+        chosen: list[LeaderLoop | None] = [self.provisioner, self.attacher, self.resizer, self.snapshotter,
+                                           self.capacity]
         return [loop for loop in chosen if loop is not None]
 
 

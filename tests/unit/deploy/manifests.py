@@ -212,6 +212,9 @@ CONTROLLER_MUST = [
     *_each("patch", "snapshot.storage.k8s.io", "volumesnapshotcontents", "snapshotter status", sub="status"),
     *_each("get", "snapshot.storage.k8s.io", "volumesnapshotclasses", "snapshotter parameters and secrets"),
     *_each("get", "snapshot.storage.k8s.io", "volumesnapshots", "provisioner restores", namespace="default"),
+    *_each("get list watch create update delete", "storage.k8s.io", "csistoragecapacities", "capacity tracking",
+           namespace=NAMESPACE),
+    *_each("get", "apps", "deployments", "owner of CSIStorageCapacity objects", namespace=NAMESPACE),
 ]
 CONTROLLER_MUST_NOT = [
     *_each("create delete deletecollection", "", "persistentvolumeclaims", "never creates or deletes claims", namespace="default"),
@@ -225,7 +228,9 @@ CONTROLLER_MUST_NOT = [
     *_each("update delete", "storage.k8s.io", "storageclasses", "read-only"),
     *_each("update patch delete", "", "nodes", "read-only"),
     *_each("get list create", "", "pods", "no pod access", namespace="default"),
-    *_each("get list create update delete", "apps", "deployments", "other API groups", namespace=NAMESPACE),
+    *_each("list create update delete", "apps", "deployments", "other API groups", namespace=NAMESPACE),
+    *_each("get", "apps", "deployments", "its own namespace only", namespace=OTHER_NAMESPACE),
+    *_each("create update", "storage.k8s.io", "csistoragecapacities", "its own namespace only", namespace=OTHER_NAMESPACE),
     *_each("create update", "rbac.authorization.k8s.io", "clusterroles", "no privilege escalation"),
     *_each("get list", "", "configmaps", "config is mounted, not read from the API", namespace=NAMESPACE),
     *_each("list watch get", "", "events", "writes events only", namespace="default"),
@@ -269,6 +274,10 @@ CONTROLLER_GRANTS: dict[tuple[str, str], dict[tuple[str, str], frozenset[str]]] 
     ("RoleBinding", NAMESPACE): {
         ("coordination.k8s.io", "leases"): frozenset({"get", "create", "update"}),
         ("", "secrets"): frozenset({"get"}),
+        ("storage.k8s.io", "csistoragecapacities"): frozenset({"get", "list", "watch", "create", "update", "delete"}),
+        ("", "pods"): frozenset({"get"}),
+        ("apps", "replicasets"): frozenset({"get"}),
+        ("apps", "deployments"): frozenset({"get"}),
     },
 }
 NODE_GRANTS: dict[tuple[str, str], dict[tuple[str, str], frozenset[str]]] = {
