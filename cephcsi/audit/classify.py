@@ -122,11 +122,22 @@ def _dangling_record(snap: Snapshot, record: RecordView) -> list[Finding]:
     image_id = image_id_of(snap, record)
     if image_is_live(snap, record.image_name, image_id) or (image_id and image_id in _trash_by_id(snap)):
         return []
-    blocked = _pv_block(snap, record.uuid, record.image_name)
+    blocked = _pv_block(snap, record.uuid, record.image_name) or _kms_block(record)
     return [Finding(Kind.DANGLING_RECORD, record.name, f"journal record {record.uuid} names image "
                     f"{record.image_name!r}, which is gone", uuid=record.uuid, name=record.name,
                     image_name=record.image_name, image_id=image_id,
                     fix=None if blocked else Fix.REMOVE_RECORD, why_not=blocked)]
+
+
+def _kms_block(record: RecordView) -> str:
+    """Why an encrypted volume's record must not simply go: it is the only thing naming the KMS
+    that may keep the volume's passphrase (a create killed after the key, before the image;
+    cephcsi.volumes.encrypted). The audit has neither the KMS configuration nor its secrets;
+    DeleteVolume has both and removes the key before the record."""
+    if record.encryption_kms in ("", "default"):
+        return ""
+    return (f"encrypted with KMS {record.encryption_kms!r}, which may still keep its passphrase: delete it with "
+            "DeleteVolume (or retry its claim), which removes the key and then the record")
 
 
 def _missing_key(snap: Snapshot, record: RecordView) -> list[Finding]:
@@ -174,7 +185,7 @@ def _orphan_record(snap: Snapshot, record: RecordView) -> Finding:
         return Finding(Kind.ORPHAN_RECORD, subject, detail, uuid=record.uuid, name=record.name,
                        image_name=record.image_name, image_id=image_id,
                        why_not="its image is live; find out who uses it before removing anything")
-    blocked = _pv_block(snap, record.uuid, record.image_name)
+    blocked = _pv_block(snap, record.uuid, record.image_name) or _kms_block(record)
     return Finding(Kind.ORPHAN_RECORD, subject, detail, uuid=record.uuid, name=record.name,
                    image_name=record.image_name, image_id=image_id,
                    fix=None if blocked else Fix.REMOVE_RECORD, why_not=blocked)

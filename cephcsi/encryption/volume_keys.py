@@ -100,13 +100,15 @@ class VolumeKeys:
         self.secret_reader = secret_reader
         self.namespace = namespace
 
-    def check(self, spec: EncryptionSpec) -> None:
-        """InvalidArgument when the spec's KMS id is not configured or its type is not supported:
-        called before anything is created."""
-        if spec.is_default_kms:
-            return
-        settings = kms_config.section(self.kms_config_path, spec.kms_id)
-        registry.check_type(spec.kms_id, registry.type_of(spec.kms_id, settings))
+    def check(self, spec: EncryptionSpec, secrets: Mapping[str, str] | None = None, tenant: str = "") -> None:
+        """InvalidArgument when the spec's KMS id is not configured or its type is not supported;
+        given the call's secrets, the KMS is also built (its passphrase or Secret read), so a
+        missing one is refused too. Called before anything is created."""
+        if not spec.is_default_kms:
+            settings = kms_config.section(self.kms_config_path, spec.kms_id)
+            registry.check_type(spec.kms_id, registry.type_of(spec.kms_id, settings))
+        if secrets is not None:
+            self.kms(spec, secrets, tenant).close()
 
     def kms(self, spec: EncryptionSpec, secrets: Mapping[str, str], tenant: str = "") -> Kms:
         settings = {} if spec.is_default_kms else kms_config.section(self.kms_config_path, spec.kms_id)
@@ -114,6 +116,20 @@ class VolumeKeys:
                               secret_reader=self.secret_reader)
 
     # controller
+
+    def prepare_key(self, volume_id: str, spec: EncryptionSpec, secrets: Mapping[str, str],
+                    tenant: str = "") -> None:
+        """Before the image of a new volume exists: a KMS that keeps passphrases itself gets one
+        for the volume id (or keeps the one it has), so a KMS that is down fails the call
+        before there is an image (UNAVAILABLE naming the KMS). Types that keep it in the image
+        do nothing here."""
+        kms = self.kms(spec, secrets, tenant)
+        try:
+            if not kms.dek_in_image and kms.fetch(volume_id) is None:
+                kms.store(volume_id, new_passphrase())
+                log.info("volume passphrase kept by the KMS", extra=fields(volume_id=volume_id, kms=spec.kms_id))
+        finally:
+            kms.close()
 
     def create_key(self, image: ImageRef, spec: EncryptionSpec, secrets: Mapping[str, str],
                    tenant: str = "") -> None:

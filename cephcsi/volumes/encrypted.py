@@ -70,13 +70,22 @@ class Encryption:
         self.lock_seconds = lock_seconds
         self.keeper = keeper
 
-    def check(self, spec: EncryptionSpec | None) -> None:
-        """Before anything is created: the KMS id is configured and its type supported."""
+    def check(self, spec: EncryptionSpec | None, secrets: Mapping[str, str], tenant: str) -> None:
+        """Before anything is reserved: the KMS id is configured, its type supported, and it
+        builds from the call's secrets (a missing passphrase or Secret is refused here)."""
         if spec is not None:
-            self.keys.check(spec)
+            self.keys.check(spec, secrets, tenant)
 
-    def source(self, session: Session, source: ContentSource) -> SourceKey | None:
-        """The source's encryption, or None when it cannot be read (the clone then fails on its own)."""
+    def prepare(self, volume_id: str, spec: EncryptionSpec | None, source: ContentSource | None,
+                secrets: Mapping[str, str], tenant: str) -> None:
+        """After the record, before the image: a KMS that keeps keys itself has this new volume's
+        (VolumeKeys.prepare_key); a clone or restore gets its source's after the image instead."""
+        if spec is not None and source is None:
+            self.keys.prepare_key(volume_id, spec, secrets, tenant)
+
+    def source(self, session: Session, source: ContentSource, read_state: bool = True) -> SourceKey | None:
+        """The source's encryption, or None when it cannot be read (the clone then fails on its own).
+        `read_state`: also read the image's state when the record names no KMS."""
         entry_id = sources.decode(source.source_id, f"source {source.kind}")
         with sources.opened(session, entry_id, f"source {source.kind}") as (_, io):
             if source.kind == "volume":
@@ -86,11 +95,16 @@ class Encryption:
             record = journal.read(entry_id.object_uuid)
             if record is None:
                 return None
+            spec = spec_of(record)
+            if spec is None and not read_state:
+                # Both drivers journal the KMS of every encrypted volume and snapshot: an
+                # unencrypted request from a source without one costs no image open.
+                return SourceKey(None, "", record.image_name, (source.source_id,))
             state = volume_keys.state_of(image_metadata.read(io, record.image_name))
             ids: tuple[str, ...] = (source.source_id,)
             if source.kind == "snapshot" and record.get(SOURCE_VOLUME_ID):
                 ids = (source.source_id, record.get(SOURCE_VOLUME_ID))
-            return SourceKey(spec_of(record), state, record.image_name, ids)
+            return SourceKey(spec, state, record.image_name, ids)
 
     @staticmethod
     def require_compatible(wanted: EncryptionSpec | None, source: ContentSource, found: SourceKey | None) -> None:

@@ -106,9 +106,10 @@ class VolumeManager:
                 journal = self._journal(io)
                 # Refused before anything is reserved: an unknown KMS, or a clone or restore whose
                 # encryption differs from its source's (ceph-csi's rule).
-                self.encryption.check(params.encryption)
+                self.encryption.check(params.encryption, request.secrets, params.tenant)
                 if request.source is not None:
-                    found = self.encryption.source(session, request.source)
+                    found = self.encryption.source(session, request.source,
+                                                   read_state=params.encryption is not None)
                     self.encryption.require_compatible(params.encryption, request.source, found)
                 encrypted = volume_keys.record_values(params.encryption)
                 if encrypted and params.tenant:
@@ -151,6 +152,9 @@ class VolumeManager:
                         record = hold.claimed or journal.claim_record(uuid, claim.name, claim.image_name, claim.extra)
                         failpoints.reach("create.after-record")
                         made = written = False
+                        volume_id = VolumeId(params.cluster_id, io.get_pool_id(), uuid)
+                        self.encryption.prepare(volume_id.encode(), params.encryption, request.source,
+                                                request.secrets, params.tenant)
                         hold.ensure_held()
                         if self.cloner is not None and (request.source is not None or clones.has_source(record)):
                             image_id, size, written = self.cloner.ensure(session, io, request, record)
@@ -158,7 +162,6 @@ class VolumeManager:
                             image_id, size, made = new_images.ensure(session, io, request, journal, record, fresh, order)
                         if record.get(PLANNED_IMAGE_ID):
                             hold.forget_on_release(PLANNED_IMAGE_ID)
-                        volume_id = VolumeId(params.cluster_id, io.get_pool_id(), uuid)
                         if params.encryption is not None:
                             # Before the answer, after the image: a crash between the two leaves
                             # an image without a passphrase, which the retry gives one (never a

@@ -31,3 +31,16 @@ def test_a_kept_key_is_no_finding(state: str) -> None:
 
 def test_a_create_holding_the_lease_is_in_flight_not_debris() -> None:
     assert classify(encrypted("", leased=True)) == []
+
+
+def test_a_dangling_encrypted_record_is_not_removed_it_may_name_a_kept_key() -> None:
+    snap = replace(healthy(), directory={}, id_objects={}, headers=frozenset(), pvs=(),
+                   records={U1: RecordView(U1, "pvc-1", IMG1, "id1", encryption_kms="vault-1")})
+    finding = only(snap, Kind.DANGLING_RECORD)
+    assert finding.fix is None and "'vault-1'" in finding.why_not and "DeleteVolume" in finding.why_not
+
+
+def test_a_dangling_record_of_the_default_kms_is_still_removed() -> None:
+    snap = replace(healthy(), directory={}, id_objects={}, headers=frozenset(), pvs=(),
+                   records={U1: RecordView(U1, "pvc-1", IMG1, "id1", encryption_kms="default")})
+    assert only(snap, Kind.DANGLING_RECORD).fix is not None
