@@ -3,17 +3,18 @@
 NodeUnstageVolume must undo a stage whose record is gone (a staging directory wiped by hand, a
 record lost with a node's disk): the staging mounts in /proc/self/mountinfo say which device
 is mounted there, and the device says which mapper made it (a loop device over our fuse work
-directory, an rbd or nbd device listed by `rbd device list`). A device nothing attributes to
-this volume is only unmounted, never unmapped (`NoMapper`).
+directory, an rbd or nbd device listed by `rbd device list`; for an encrypted volume, the device
+under its LUKS mapping `luks-rbd-<volume id>`, which is then closed too). A device nothing
+attributes to this volume is only unmounted, never unmapped (`NoMapper`).
 """
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from cephcsi.errors import Internal
-from cephcsi.node import mounts
+from cephcsi.node import luks, mounts
 from cephcsi.node.mappers.base import FUSE, KRBD, NBD, Mapper, MapRequest
 from cephcsi.node.mappers.rbd_cli import RbdDeviceMapper
 from cephcsi.node.stage_record import ACCESS_BLOCK, ACCESS_MOUNT, BLOCK_FILE, FS_DIR, StageRecord
@@ -43,9 +44,11 @@ class NoMapper:
 
 
 def record_from_system(mappers: Mapping[str, Mapper], table: Sequence[mounts.MountEntry], volume_id: str,
-                       staging_path: str) -> StageRecord | None:
+                       staging_path: str,
+                       crypt_status: Callable[[str], luks.Status | None] | None = None) -> StageRecord | None:
     """The record of what `table` (the mount table) and the mappers show under `staging_path`,
-    or None when nothing of the volume is left there."""
+    or None when nothing of the volume is left there. `crypt_status` reads a LUKS mapping's state
+    (cephcsi.node.luks.Luks.status); None: encrypted volumes are not looked for."""
     fuse = mappers.get(FUSE)
     work_dir = fuse.work_dir_for(volume_id, staging_path) if fuse is not None else ""
     for access_type, name in ((ACCESS_MOUNT, FS_DIR), (ACCESS_BLOCK, BLOCK_FILE)):
@@ -54,7 +57,13 @@ def record_from_system(mappers: Mapping[str, Mapper], table: Sequence[mounts.Mou
             continue
         device = entry.source if access_type == ACCESS_MOUNT else "/dev" + entry.root
         log.warning("stage record missing; re-derived from the mount table", extra=fields(device=device))
-        return _record_for_device(mappers, volume_id, staging_path, access_type, device, work_dir)
+        crypt = _crypt_mapping(device, volume_id, crypt_status)
+        if crypt is None:
+            return _record_for_device(mappers, volume_id, staging_path, access_type, device, work_dir)
+        record = _record_for_device(mappers, volume_id, staging_path, access_type, crypt.device, work_dir)
+        record.crypt_name = crypt.name
+        record.encryption = "block"
+        return record
     if work_dir and os.path.isdir(work_dir):
         log.warning("stage record missing; found the fuse work directory", extra=fields(path=work_dir))
         return _bare_record(volume_id, staging_path, ACCESS_MOUNT, FUSE, "", work_dir)
@@ -78,6 +87,26 @@ def _record_for_device(mappers: Mapping[str, Mapper], volume_id: str, staging_pa
                     return record
     # Unknown device: unmount only; never unmap something we cannot attribute to this volume.
     return _bare_record(volume_id, staging_path, access_type, "", device, "")
+
+
+def _crypt_mapping(device: str, volume_id: str,
+                   crypt_status: Callable[[str], luks.Status | None] | None) -> luks.Status | None:
+    """The volume's open LUKS mapping when `device` (what is mounted or bound) is it."""
+    if crypt_status is None:
+        return None
+    name = luks.dm_name(volume_id)
+    number = _rdev(device)
+    if os.path.basename(device) != name and (number is None or number != _rdev(luks.mapper_path(name))):
+        return None
+    status = crypt_status(name)
+    return status if status is not None and status.device else None
+
+
+def _rdev(path: str) -> int | None:
+    try:
+        return os.stat(path).st_rdev or None
+    except OSError:
+        return None
 
 
 def _bare_record(volume_id: str, staging_path: str, access_type: str, mapper: str, device: str,

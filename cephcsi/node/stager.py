@@ -52,6 +52,7 @@ class Stager:
         before_mount: Callable[[StageRecord], None] | None = None,
         crush_location: Callable[[ReadAffinity], read_affinity.CrushLocation] | None = None,
         luks_stage: LuksStage | None = None,
+        keys: KeySource | None = None,
     ) -> None:
         self.mappers: dict[str, Mapper] = {**mappers, rederive.NO_MAPPER: rederive.NoMapper()}
         self.choice = choice
@@ -65,11 +66,12 @@ class Stager:
         self.before_mount = before_mount
         # readAffinity: the node's CRUSH location (cephcsi.node.crush_location); None: never.
         self.crush_location = crush_location
+        # Encrypted volumes (cephcsi.node.encrypted_stage): `keys` is built by the composition root
+        # with the KMS configuration; without it, on first use with the default paths.
         self.crypt = luks_stage or LuksStage(luks.Luks(runner, command_timeout), self._default_keys, self._metadata)
-        self._keys: KeySource | None = None
+        self._keys = keys
 
     def _default_keys(self) -> KeySource:
-        # Built on first use: only encrypted volumes need the KMS configuration.
         if self._keys is None:
             self._keys = KmsKeys()
         return self._keys
@@ -397,7 +399,7 @@ class Stager:
 
     def unstage(self, volume_id: str, staging_path: str) -> None:
         if not os.path.isdir(staging_path):
-            record = rederive.record_from_system(self.mappers, self.read_mounts(), volume_id, staging_path)
+            record = self._rederive(volume_id, staging_path)
             if record is None:
                 return
         else:
@@ -406,7 +408,7 @@ class Stager:
                 legacy_stage.LegacyUnstager(self.mappers, self.mounter, self.kubelet_dir, self.read_mounts,
                                             self.crypt.cryptsetup).unstage(volume_id, staging_path)
                 return
-            record = record or rederive.record_from_system(self.mappers, self.read_mounts(), volume_id, staging_path)
+            record = record or self._rederive(volume_id, staging_path)
             if record is None:
                 _remove_leftovers(staging_path)
                 return
@@ -416,6 +418,10 @@ class Stager:
             )
         self._teardown(record)
         log.info("unstaged", extra=fields(volume_id=volume_id, path=staging_path, mapper=record.mapper))
+
+    def _rederive(self, volume_id: str, staging_path: str) -> StageRecord | None:
+        return rederive.record_from_system(self.mappers, self.read_mounts(), volume_id, staging_path,
+                                           crypt_status=self.crypt.cryptsetup.status)
 
     def _teardown(self, record: StageRecord) -> None:
         table = self.read_mounts()

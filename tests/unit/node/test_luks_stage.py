@@ -15,6 +15,7 @@ from cephcsi.encryption.spec import EncryptionSpec
 from cephcsi.errors import FailedPrecondition, InvalidArgument
 from cephcsi.node import stage_record
 from cephcsi.node.mappers.base import KRBD, MapRequest
+from cephcsi.node.mounts import MountEntry
 from cephcsi.node.requests import StageRequest, VolumeAccess
 from cephcsi.node.stage_record import ImageSpec, StageRecord
 from cephcsi.node.stager import Stager
@@ -229,3 +230,25 @@ def test_file_encryption_is_refused_before_anything_is_done(tmp_path: os.PathLik
         stager.stage(request(staging_dir(tmp_path), kind="file"))
     assert "encryptionType 'file'" in caught.value.message
     assert runner.calls == [] and events.log == []
+
+
+def test_unstage_without_a_record_closes_the_mapping_it_finds_mounted(
+        tmp_path: os.PathLike[str], device: str, events: Events) -> None:
+    cluster = Cluster(device, events, "encrypted", is_luks=True)
+    cluster.open = True
+    staging = staging_dir(tmp_path)
+    os.mkdir(os.path.join(staging, "fs"))
+    entry = MountEntry(90, 1, 253, 0, "/", os.path.join(staging, "fs"), ("rw",), "ext4", f"/dev/mapper/{NAME}", ())
+    mounted = [entry]
+    runner = FakeRunner(cluster.respond)
+
+    class Unmounter(FakeMounter):
+        def unmount(self, target: str) -> None:
+            mounted.clear()
+            super().unmount(target)
+
+    stager = Stager({KRBD: FakeMapper(device, events)}, FixedChoice(), Unmounter(events), runner, 10, "",  # type: ignore[arg-type]
+                    read_mounts=lambda: list(mounted))
+    stager.unstage(VOLUME, staging)
+    assert events.log == ["unmount", "luksClose"]
+    assert not cluster.open
