@@ -5,8 +5,10 @@ an Immediate class or another driver's class, refreshes it on the poll interval 
 quota changes, and deletes it with the class."""
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import kubernetes.client
@@ -15,6 +17,8 @@ from kubernetes.utils.quantity import parse_quantity
 
 from tests.integration.sidecars.conftest import Env, StartControllers
 from tests.integration.sidecars.harness import DRIVER, new_prefix, wait_for
+from tests.integration.sidecars.test_rbac import deploy_rbac  # noqa: F401 - a fixture
+from tests.unit.deploy import manifests as m
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube, pytest.mark.ceph]
 MiB = 1 << 20
@@ -89,11 +93,15 @@ def test_objects_follow_the_classes_and_the_pools_room(env: Env, start_controlle
             pass
 
 
-def test_objects_are_owned_by_the_controllers_deployment(env: Env, start_controllers: StartControllers,
-                                                         spare_pool: str, registered_node: str) -> None:
-    """--capacity-ownerref-level=2 from the Pod POD_NAME names: Pod → ReplicaSet → Deployment (the
-    chain written by hand here: this control plane runs no workload controllers)."""
-    apps, namespace, suffix = kubernetes.client.AppsV1Api(env.kube.client), env.lease_namespace, uuid.uuid4().hex[:6]
+def test_objects_are_owned_by_the_controllers_deployment_with_deploys_rbac(
+        env: Env, start_controllers: StartControllers, spare_pool: str, registered_node: str, deploy_rbac: str,
+        tmp_path: Path) -> None:
+    """deploy/'s flags and RBAC (test_rbac's fixture: its Roles and bindings, created for real, and
+    the ServiceAccount's token): --capacity-ownerref-level=2 from the Pod POD_NAME names finds Pod →
+    ReplicaSet → Deployment (the chain written by hand here: this control plane runs no workload
+    controllers), the class's Secret is read in the controller's namespace, nothing is refused."""
+    namespace, suffix = deploy_rbac, uuid.uuid4().hex[:6]
+    apps = kubernetes.client.AppsV1Api(env.kube.client)
     labels = {"app": f"cap-{suffix}"}
     template = {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "c", "image": "cephcsi"}]}}
     deployment = apps.create_namespaced_deployment(namespace, {"metadata": {"name": f"ctl-{suffix}"}, "spec": {
@@ -106,16 +114,23 @@ def test_objects_are_owned_by_the_controllers_deployment(env: Env, start_control
                                                                  "ownerReferences": [
         {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": replica_set.metadata.name,
          "uid": replica_set.metadata.uid, "controller": True}]}, "spec": template["spec"]})
-    tracked = env.kube.create_storage_class(env.ceph, env.secret, prefix=new_prefix(), volumeBindingMode="WaitForFirstConsumer",
+    env.kube.create_ceph_secret(namespace, "csi-rbd-secret", env.ceph)
+    tracked = env.kube.create_storage_class(env.ceph, (namespace, "csi-rbd-secret"), prefix=new_prefix(),
+                                            volumeBindingMode="WaitForFirstConsumer",
                                             parameters={"clusterID": env.ceph.cluster_id, "pool": spare_pool})
-    try:
-        start_controllers(args=["--enable-capacity", "--capacity-ownerref-level=2"],
-                          environ={"POD_NAME": f"ctl-{suffix}-1-a"})
-        wait_for("the class's object", lambda: figure(env, tracked) == 48 * MiB, timeout=30)
-        (owner,) = capacities(env, tracked)[0]["metadata"]["owner_references"]
-        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == \
-            ("Deployment", deployment.metadata.name, deployment.metadata.uid, True)
-    finally:
-        env.kube.core.delete_namespaced_pod(f"ctl-{suffix}-1-a", namespace, grace_period_seconds=0)
-        apps.delete_namespaced_replica_set(replica_set.metadata.name, namespace)
-        apps.delete_namespaced_deployment(deployment.metadata.name, namespace)
+    kubeconfig = env.plane.service_account_kubeconfig(namespace, m.CONTROLLER_SA, tmp_path / "controller.kubeconfig")
+    (controller,) = start_controllers(args=["--enable-capacity", "--capacity-ownerref-level=2"],
+                                      environ={"POD_NAME": f"ctl-{suffix}-1-a"}, kubeconfig=kubeconfig,
+                                      lease_namespace=namespace)
+
+    def found() -> list[dict[str, Any]]:
+        items = env.kube.storage.list_namespaced_csi_storage_capacity(namespace).to_dict()["items"]
+        return [c for c in items if c["storage_class_name"] == tracked]
+
+    wait_for("the class's object", lambda: len(found()) == 1 and
+             int(parse_quantity(found()[0]["capacity"])) == 48 * MiB, timeout=30)
+    (owner,) = found()[0]["metadata"]["owner_references"]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == \
+        ("Deployment", deployment.metadata.name, deployment.metadata.uid, True)
+    refused = [line for line in controller.log().splitlines() if re.search(r"\(403\)|HTTP 403|forbidden", line, re.I)]
+    assert not refused, "\n".join(refused[:20])
