@@ -13,6 +13,10 @@ sizes on the system are the state, so a crash between them needs no recovery):
    image's current size as its file's size (checked on the real cluster: `stat` follows an
    `rbd resize` at once), but a loop device keeps the size it had when attached until told
    otherwise, hence `losetup --set-capacity` when the file is larger than the loop device.
+   An encrypted volume's LUKS mapping then follows its device: dm-crypt never resizes itself,
+   so `cryptsetup resize` (no passphrase: the mapping holds its key, see cephcsi.node.luks)
+   whenever the mapping is smaller than the device less its header; Block claims get the
+   mapping, so they grow by this step alone.
 2. Filesystem (mount access only). Its size is read from the superblock (cephcsi.node.fssize);
    when it already fills the device nothing runs. Otherwise, on the mounted filesystem:
    `resize2fs <device>` for ext4 (online resize through the kernel) and `xfs_growfs -d

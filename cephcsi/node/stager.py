@@ -2,7 +2,10 @@
 its device), and undo all of it — restart-safe through the stage record.
 
 Stage is a sequence of idempotent "ensure" steps (mapped → formatted → mounted), each preceded
-by a record write, so a retried stage after a crash resumes where the crash left off. If a
+by a record write, so a retried stage after a crash resumes where the crash left off. An
+encrypted volume has one more after the map: its LUKS2 mapping formatted once and opened
+(cephcsi.node.encrypted_stage), which the filesystem or Block bind then sits on; unstage closes it
+before the unmap. If a
 stage fails, everything this incomplete stage created is undone (the CO will not call unstage
 after an error it considers final, so leaving a device mapped would leak it); a failed attempt
 to repair an already complete stage only undoes what that attempt itself created.

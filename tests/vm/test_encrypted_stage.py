@@ -4,12 +4,15 @@ driver on a real kernel, with ceph-csi's default KMS (the passphrase is the stag
 
 krbd + ext4: the first stage formats LUKS2 ("encryptionPrepared" → "encrypted"), the image holds
 ciphertext only, the filesystem grows online through `cryptsetup resize`, unstage closes the
-mapping, a restage opens the same header and reads the data back; then ceph-csi's own
+mapping, the image grows while unstaged and a restage opens the same header, grows the
+filesystem and reads the data back; then ceph-csi's own
 `cryptsetup luksOpen` line opens that header, and the stage ceph-csi leaves on a node is
 unstaged by cephcsi (mapping closed, image unmapped).
 rbd-nbd + Block: a header written by ceph-csi's own `luksFormat` line opens under cephcsi, data
 survives unstage and restage, the mapping grows online, and a wrong passphrase is
 PERMISSION_DENIED with nothing left mapped or open.
+krbd + Block with the `metadata` KMS: the LUKS key is the per-volume passphrase unwrapped from the
+image metadata (ceph-csi's {"dek","nonce"} JSON), not the StorageClass secret.
 Neither passphrase ever appears in the plugin's log."""
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ import grpc
 import pytest
 
 from cephcsi._generated import csi_pb2
+from cephcsi.encryption.kms.secrets import wrap
+from cephcsi.encryption.volume_keys import DEK_KEY as DEK, new_passphrase
 from tests.integration.node.conftest import expect_code
 from tests.vm.conftest import STAGING_ROOT, MiB, VmEnv, VmVolume, block_cap, mount_cap
 from tests.vm.guestio import device_bytes, fs_bytes, read_payload, stage_record, write_payload
@@ -114,12 +119,15 @@ def test_krbd_ext4_formats_once_holds_ciphertext_grows_online_and_ceph_csi_opens
     assert_closed(vm_env, volume)
     assert vm_env.mapped("krbd") == ""
 
-    # Restaged: the same header opened (never formatted again), the data read back.
+    # Grown while unstaged, then restaged: the same header opened (never formatted again), the
+    # filesystem grown at the stage, the data read back.
+    volume.grow(160)
     staging, target = vm_env.staging(), vm_env.target()
     stage(volume, staging, cap)
     volume.publish(staging, target, cap)
     device = str(stage_record(vm, staging)["device"])
     assert vm.check(f"cryptsetup luksUUID {device}", timeout=30).strip() == header
+    assert fs_bytes(vm, target) > before + (48 + 24) * MiB  # both growths: 96 MiB, less ext4's overhead
     assert read_payload(vm, target, block=False) == digest
     volume.unpublish(target)
     volume.unstage(staging)
@@ -184,3 +192,38 @@ def test_rbd_nbd_block_opens_a_ceph_csi_header_grows_and_refuses_a_wrong_passphr
     assert vm_env.mapped("nbd") == ""
     log = volume.plugin.log()
     assert PASSPHRASE not in log and wrong not in log
+
+
+def test_metadata_kms_opens_with_the_unwrapped_per_volume_passphrase(
+        vm_env: VmEnv, make_volume: Callable[..., VmVolume]) -> None:
+    vm = vm_env.vm
+    # The KMS ConfigMap as the node plugin reads it (its default path: the DaemonSet mounts it there).
+    vm.check("mkdir -p /etc/ceph-csi-encryption-kms-config && echo "
+             + shlex.quote(json.dumps({"meta": {"encryptionKMSType": "metadata"}}))
+             + " >/etc/ceph-csi-encryption-kms-config/config.json", timeout=30)
+    volume = encrypted_volume(make_volume, vm_env, "krbd", "encryptionPrepared")
+    volume.context["encryptionKMSID"] = "meta"
+    dek = new_passphrase()
+    vm_env.cluster.admin("rbd", "image-meta", "set", f"{vm_env.cluster.pool}/{volume.image}", DEK,
+                         wrap(PASSPHRASE, volume.volume_id, dek))
+    cap = block_cap()
+    staging, target = vm_env.staging(), vm_env.target()
+    stage(volume, staging, cap)
+    volume.publish(staging, target, cap)
+    device = str(stage_record(vm, staging)["device"])
+    digest = write_payload(vm, target, block=True)
+    test_key = f"cryptsetup open --test-passphrase {device} --key-file=-"
+    assert vm.run(f"printf %s {shlex.quote(dek)} | {test_key}", timeout=120).ok
+    assert vm.run(with_passphrase(test_key), timeout=120).rc == 2  # the class secret only wraps the key
+    volume.unpublish(target)
+    volume.unstage(staging)
+    assert_closed(vm_env, volume)
+    staging, target = vm_env.staging(), vm_env.target()
+    stage(volume, staging, cap)
+    volume.publish(staging, target, cap)
+    assert read_payload(vm, target, block=True) == digest
+    volume.unpublish(target)
+    volume.unstage(staging)
+    assert vm_env.mapped("krbd") == ""
+    log = volume.plugin.log()
+    assert dek not in log and PASSPHRASE not in log
