@@ -9,11 +9,16 @@
 # vault and vaulttokens KMS types speak.
 #
 # Why not `go install ...@version`: Vault's go.mod replaces its api/ and sdk/ modules with ./api and
-# ./sdk, which are nested modules and so absent from the module zip. Dropping those replace lines
-# makes Go use the published api/sdk versions that the same go.mod requires (same source).
+# ./sdk, which are nested modules and so absent from the module zip (and the proxy will not resolve
+# the tag's commit for them). api's replace lines are dropped (its required v1.9.2 is a tagged
+# release). sdk: the pseudo-version v1.14.1's go.mod requires predates code its tree uses, so ./sdk
+# becomes sdk/v0.9.2, the first tag with all of it, less one start-up check that tag added later
+# ("defines a CreateOperation but no ExistenceCheck", which a v1.14.1 path trips: it would panic).
+# Both modules stay MPL-2.0.
 set -euo pipefail
 
 VAULT_VERSION="${VAULT_VERSION:-v1.14.1}"
+VAULT_SDK_VERSION="${VAULT_SDK_VERSION:-v0.9.2}"
 CACHE_ROOT="${CEPHCSI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cephcsi}"
 OUT="$CACHE_ROOT/vault/$VAULT_VERSION"
 BIN="$OUT/bin/vault"
@@ -41,8 +46,17 @@ rm -rf "$work"
 cp -r "$src" "$work"
 chmod -R u+w "$work"
 cd "$work"
-mapfile -t local_replaces < <(grep -E '^replace .* => \./' go.mod | awk '{print $2}')
+mapfile -t local_replaces < <(grep -E '^replace .* => \./api' go.mod | awk '{print $2}')
 for mod in "${local_replaces[@]}"; do go mod edit -dropreplace="$mod"; done
+sdk=$(go mod download -json "github.com/hashicorp/vault/sdk@$VAULT_SDK_VERSION" \
+  | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+cp -r "$sdk" sdk
+chmod -R u+w sdk
+check='panic(fmt.Sprintf("Pattern %v defines a CreateOperation but no ExistenceCheck", p.Pattern))'
+grep -qF "$check" sdk/framework/backend.go
+sed -i "s|$check|_ = p // removed for v1.14.1 (scripts/build_vault.sh)|" sdk/framework/backend.go
+if grep -qF "$check" sdk/framework/backend.go; then echo "build_vault.sh: patching sdk failed" >&2; exit 1; fi
+grep -q '^replace github.com/hashicorp/vault/sdk => ./sdk' go.mod
 mkdir -p "$OUT/bin"
 # -checklinkname=0: some of v1.14's pinned dependencies reach runtime internals through
 # go:linkname, which Go >= 1.23 refuses to link by default.

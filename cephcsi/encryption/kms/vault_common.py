@@ -151,6 +151,8 @@ class VaultKv:
                 handle.write(ca_pem)
             verify = self._ca_file
         session = requests.Session()
+        # hvac takes a given session's own `verify` over its argument, and a new session's is True.
+        session.verify = verify
         if opts.tls_server_name:
             session.mount("https://", _ServerNameAdapter(opts.tls_server_name))
         self._client = hvac.Client(url=opts.address, verify=verify, timeout=TIMEOUT_SECONDS, session=session)
