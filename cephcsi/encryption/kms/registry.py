@@ -2,11 +2,15 @@
 and building one for a call."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from cephcsi.encryption.kms.base import Kms, KmsArgs, SecretReader
 from cephcsi.errors import InvalidArgument
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
 
 Factory = Callable[[KmsArgs], Kms]
 
@@ -57,7 +61,8 @@ def check_type(kms_id: str, kms_type: str) -> None:
     if why is not None:
         raise InvalidArgument(f"KMS {kms_id!r} has type {kms_type!r}, which cephcsi does not support ({why}); "
                               f"supported types: {known}")
-    raise InvalidArgument(f"KMS {kms_id!r} has unknown type {kms_type!r}; supported types: {known}")
+    broken = "".join(f"; {module} failed to import ({error})" for module, error in sorted(_BROKEN.items()))
+    raise InvalidArgument(f"KMS {kms_id!r} has unknown type {kms_type!r}; supported types: {known}{broken}")
 
 
 def build(kms_id: str, settings: Mapping[str, Any], secrets: Mapping[str, str], *, tenant: str = "",
@@ -74,6 +79,8 @@ def build(kms_id: str, settings: Mapping[str, Any], secrets: Mapping[str, str], 
 
 
 _loaded = False
+_BROKEN: dict[str, str] = {}
+"""KMS modules that failed to import (a missing dependency): module → error."""
 
 
 def _load_builtin() -> None:
@@ -90,4 +97,10 @@ def _load_builtin() -> None:
 
     for module in pkgutil.iter_modules(kms.__path__):
         if module.name not in ("base", "registry"):
-            importlib.import_module(f"cephcsi.encryption.kms.{module.name}")
+            name = f"cephcsi.encryption.kms.{module.name}"
+            try:
+                importlib.import_module(name)
+            except ImportError as error:
+                # The other types still work; a request for this one says why it is missing.
+                log.error("KMS module failed to import", extra=fields(module=name, error=str(error)))
+                _BROKEN[name] = str(error)
