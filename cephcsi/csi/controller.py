@@ -131,8 +131,10 @@ class ControllerServicer(SnapshotRpcs, CapacityRpcs, ServicerBase, csi_pb2_grpc.
             ),
         )
         # A filesystem must be grown where it is mounted; krbd and rbd-nbd devices follow the
-        # image by themselves, so a Block volume needs no node step.
-        return csi_pb2.ControllerExpandVolumeResponse(capacity_bytes=result.size, node_expansion_required=not block)
+        # image by themselves, so a Block volume needs no node step, unless it is encrypted: its
+        # LUKS mapping must grow on the node (`cryptsetup resize`), as ceph-csi answers too.
+        return csi_pb2.ControllerExpandVolumeResponse(capacity_bytes=result.size,
+                                                      node_expansion_required=not block or result.encrypted)
 
     @rpc
     def ControllerPublishVolume(

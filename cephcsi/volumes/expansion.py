@@ -35,6 +35,7 @@ import rados
 from cephcsi.ceph import resize
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.credentials import Credentials
+from cephcsi.encryption import volume_keys
 from cephcsi.errors import Internal, InvalidArgument, NotFound, OutOfRange
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import failpoints
@@ -61,6 +62,8 @@ class Expanded:
     """Bytes the image has now."""
     grown: bool
     """False when the image already had the size (a repeated call)."""
+    encrypted: bool = False
+    """The volume's record names a KMS: a LUKS mapping on the node must grow too."""
 
 
 def target_size(required: int, limit: int) -> int:
@@ -164,10 +167,14 @@ def _grow_locked(io: rados.Ioctx, request: ExpandRequest, record: Record, target
         raise NotFound(f"volume {request.volume_id!r} does not exist (its image {record.image_name!r} is gone)")
     if not grown.changed:
         log.info("volume already has the requested size", extra=fields(volume_id=request.volume_id, bytes=grown.after))
-        return Expanded(grown.after, grown=False)
+        return Expanded(grown.after, grown=False, encrypted=_encrypted(record))
     failpoints.reach("expand.after-resize")
     log.info(
         "volume expanded",
         extra=fields(volume_id=request.volume_id, image=record.image_name, before=grown.before, after=grown.after),
     )
-    return Expanded(grown.after, grown=True)
+    return Expanded(grown.after, grown=True, encrypted=_encrypted(record))
+
+
+def _encrypted(record: Record) -> bool:
+    return bool(record.get(volume_keys.RECORD_KMS_KEY))

@@ -16,7 +16,7 @@ from cephcsi.encryption.kms import secrets as secrets_kms
 from cephcsi.encryption.volume_keys import new_passphrase
 from tests.ceph.ceph_csi_journal import journal_as_ceph_csi
 from tests.ceph.fixtures import CephTestCluster
-from tests.integration.controller.helpers import create_request, image_of, journal_entries, until_ok
+from tests.integration.controller.helpers import MiB, block_cap, create_request, image_of, journal_entries, until_ok
 from tests.integration.controller.snapshot_helpers import delete_all, from_snapshot, from_volume, snapshot_request
 from tests.integration.driver import DriverProcess
 from tests.unit.encryption.test_wrap import go_unwrap, go_wrap
@@ -118,6 +118,11 @@ def test_default_kms_keeps_nothing_per_volume(kms_driver: DriverProcess, ceph_cl
     assert "rbd.csi.ceph.com/dek" not in found
     _, record = journal_entries(ceph_cluster, "pvc-enc-default")
     assert record["csi.volume.encryptKMS"] == "default"
+    # A Block volume grows on the node when encrypted: its LUKS mapping must follow the image.
+    grown = kms_driver.controller.ControllerExpandVolume(csi_pb2.ControllerExpandVolumeRequest(
+        volume_id=volume.volume_id, capacity_range=csi_pb2.CapacityRange(required_bytes=16 * MiB),
+        secrets=ceph_cluster.secrets, volume_capability=block_cap()))
+    assert grown.capacity_bytes == 16 * MiB and grown.node_expansion_required
     delete_all(kms_driver, ceph_cluster, [], [volume.volume_id])
 
 
