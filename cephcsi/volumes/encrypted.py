@@ -22,7 +22,7 @@ from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.encryption import volume_keys
 from cephcsi.encryption.spec import EncryptionSpec
 from cephcsi.encryption.volume_keys import ImageRef, VolumeKeys
-from cephcsi.errors import FailedPrecondition, InvalidArgument
+from cephcsi.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import sources
 from cephcsi.volumes.clones import ContentSource
@@ -75,6 +75,17 @@ class Encryption:
         builds from the call's secrets (a missing passphrase or Secret is refused here)."""
         if spec is not None:
             self.keys.check(spec, secrets, tenant)
+
+    @staticmethod
+    def require_same(name: str, record: Record, wanted: EncryptionSpec | None) -> None:
+        """A retried CreateVolume must ask for the encryption the volume was made with (ceph-csi
+        refuses a KMS that differs from its reservation's too)."""
+        found = spec_of(record)
+        if found != wanted:
+            def say(spec: EncryptionSpec | None) -> str:
+                return f"encrypted with KMS {spec.kms_id!r} ({spec.type})" if spec else "unencrypted"
+            raise AlreadyExists(f"volume {name!r} already exists {say(found)}, but the request asks for it "
+                                f"{say(wanted)}")
 
     def prepare(self, volume_id: str, spec: EncryptionSpec | None, source: ContentSource | None,
                 secrets: Mapping[str, str], tenant: str) -> None:

@@ -151,6 +151,7 @@ class VolumeManager:
                             continue
                         record = hold.claimed or journal.claim_record(uuid, claim.name, claim.image_name, claim.extra)
                         failpoints.reach("create.after-record")
+                        self.encryption.require_same(request.name, record, params.encryption)
                         made = written = False
                         volume_id = VolumeId(params.cluster_id, io.get_pool_id(), uuid)
                         self.encryption.prepare(volume_id.encode(), params.encryption, request.source,

@@ -204,3 +204,15 @@ def test_a_volume_ceph_csi_encrypted_is_cloned_with_its_passphrase(kms_driver: D
     assert go_unwrap(KEK, clone.volume_id, found["rbd.csi.ceph.com/dek"]) == passphrase
     delete_all(kms_driver, ceph_cluster, [], [clone.volume_id, volume.volume_id])
     assert volume.image not in ceph_cluster.images()
+
+
+def test_a_retry_asking_for_other_encryption_is_already_exists(kms_driver: DriverProcess,
+                                                               ceph_cluster: CephTestCluster) -> None:
+    plain = create_request(ceph_cluster, name="pvc-enc-switch")
+    volume = kms_driver.controller.CreateVolume(plain).volume
+    with pytest.raises(grpc.RpcError) as caught:
+        kms_driver.controller.CreateVolume(encrypted_request(ceph_cluster, "pvc-enc-switch"))
+    assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "already exists unencrypted" in (caught.value.details() or "")
+    assert "rbd.csi.ceph.com/encrypted" not in meta(ceph_cluster, image_of(volume.volume_id))
+    delete_all(kms_driver, ceph_cluster, [], [volume.volume_id])
