@@ -1,13 +1,22 @@
-"""The Kubernetes Secrets a KMS reads (cephcsi.encryption.kms.base.SecretReader), through the
-sidecars' API client: the `metadata` type's secretName, per-tenant tokens. Built where the API
-client is (cli/sidecar_wiring.py); a controller without Kubernetes access has none, and a KMS
-that needs one says so."""
+"""The Kubernetes objects a KMS reads (cephcsi.encryption.kms.base.SecretReader, and vaulttokens'
+ConfigMapReader): the `metadata` type's secretName, a tenant's Vault token Secret and its
+`ceph-csi-kms-config` ConfigMap.
+
+The controller reads them through the sidecars' API client (cli/sidecar_wiring.py). The node
+plugin and a controller run without the embedded sidecars have no client of their own, so they
+get `LazyKubeReader`: it connects on the first read a KMS asks for, so a process that never
+serves a volume needing one keeps no API connection at all.
+"""
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-from cephcsi.errors import NotFound
-from cephcsi.sidecars.api import KubeApi
+from cephcsi.errors import FailedPrecondition, NotFound
+
+if TYPE_CHECKING:
+    from cephcsi.sidecars.api import KubeApi
 
 
 class KubeSecretReader:
@@ -19,3 +28,54 @@ class KubeSecretReader:
             return self.api.read_secret(namespace, name)
         except NotFound:
             return None
+
+    def read_config_map(self, namespace: str, name: str) -> Mapping[str, str] | None:
+        try:
+            return self.api.read_config_map(namespace, name)
+        except NotFound:
+            return None
+
+
+def connect(kubeconfig: str) -> KubeApi:
+    """An API client from `kubeconfig` ('' = the pod's ServiceAccount); FailedPrecondition when
+    there is no usable configuration (a KMS needs the API, and the process was given none)."""
+    # The client library loads only when a KMS first needs it (node plugins without encryption never do).
+    from cephcsi.kube.client import ClientSettings, new_api_client
+    from cephcsi.kube.errors import KubeError
+    from cephcsi.sidecars.api import KubeApi
+
+    try:
+        # qps=0: a KMS read happens once per volume call; the limiter would only add a thread-safe no-op.
+        return KubeApi(new_api_client(ClientSettings(kubeconfig=kubeconfig or None, qps=0)))
+    except KubeError as error:
+        raise FailedPrecondition(
+            f"the KMS needs the Kubernetes API (to read a Secret or ConfigMap), but {error.message}; "
+            "run the plugin with its ServiceAccount token mounted or pass --kubeconfig"
+        ) from None
+
+
+class LazyKubeReader:
+    """A KubeSecretReader built on first use. A failed connect is not remembered: the next read
+    tries again (the token may be mounted by then)."""
+
+    def __init__(self, kubeconfig: str = "", connector: Callable[[str], KubeApi] = connect) -> None:
+        self.kubeconfig = kubeconfig
+        self._connector = connector
+        self._lock = threading.Lock()
+        self._reader: KubeSecretReader | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._reader is not None
+
+    def _get(self) -> KubeSecretReader:
+        with self._lock:
+            if self._reader is None:
+                self._reader = KubeSecretReader(self._connector(self.kubeconfig))
+            return self._reader
+
+    def read_secret(self, namespace: str, name: str) -> Mapping[str, str] | None:
+        return self._get().read_secret(namespace, name)
+
+    def read_config_map(self, namespace: str, name: str) -> Mapping[str, str] | None:
+        return self._get().read_config_map(namespace, name)

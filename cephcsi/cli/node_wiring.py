@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 
+from cephcsi.cli.kms_secrets import LazyKubeReader
+from cephcsi.encryption.volume_keys import VolumeKeys
 from cephcsi.node import devices, exec as node_exec, mounts
 from cephcsi.node.client_address import AddressReporter
 from cephcsi.node.crush_location import CrushLocator
 from cephcsi.node.expander import NodeExpander
+from cephcsi.node.luks_keys import KmsKeys
 from cephcsi.node.mappers.base import FUSE, KRBD, NBD, Mapper
 from cephcsi.node.mappers.fuse import FuseMapper
 from cephcsi.node.mappers.fuse_capacity import LoopCapacityFollower
@@ -46,7 +49,7 @@ def build_node_service(config: NodeConfig, runner: node_exec.Runner = node_exec.
     crush = CrushLocator(labels, config.node_id, fallback_labels=config.read_affinity_labels)
     stager = Stager(mappers, choice, mounter, runner, config.command_timeout, config.kubelet_dir,
                     after_ready=expander.after_stage, before_mount=expander.before_mount,
-                    crush_location=crush.location)
+                    crush_location=crush.location, keys=node_keys(config))
     service = NodeService(config, NodeParts(
         labels=labels,
         choice=choice,
@@ -60,3 +63,11 @@ def build_node_service(config: NodeConfig, runner: node_exec.Runner = node_exec.
     # Started by the process (cli.main) too; it takes the service's volume locks.
     service.nbd_healer = NbdHealer(nbd, service.volume_locks)
     return service
+
+
+def node_keys(config: NodeConfig) -> KmsKeys:
+    """Where staging finds an encrypted volume's passphrase: the --kms-config KMS settings, and
+    the Kubernetes API for KMS types that read a Secret or ConfigMap (the `metadata` type's
+    secretName, vaulttokens), connected on the first such read only."""
+    return KmsKeys(VolumeKeys(config.kms_config, secret_reader=LazyKubeReader(config.kubeconfig),
+                              namespace=os.environ.get("POD_NAMESPACE", "")))

@@ -18,6 +18,7 @@ from cephcsi._generated import csi_pb2_grpc
 from cephcsi.ceph import verified
 from cephcsi.ceph.connection import ConnectionCache
 from cephcsi.ceph.leases import LeaseKeeper
+from cephcsi.cli.kms_secrets import LazyKubeReader
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.csi.controller import ControllerServicer
 from cephcsi.csi.identity import IdentityOptions, IdentityServicer
@@ -53,7 +54,10 @@ def build_controller(settings: Settings, clusters: ClusterRegistry, keeper: Leas
         inline_purge_seconds=settings.ceph.inline_purge_seconds,
         cloner=Cloner(policy, settings.instance_id, settings.ceph.journal_lock_seconds, keeper),
         keeper=keeper,
-        keys=VolumeKeys(settings.kms_config, namespace=os.environ.get("POD_NAMESPACE", "")),
+        # The sidecar wiring swaps in a reader over its own API client; without embedded
+        # sidecars a KMS that reads a Secret or ConfigMap connects on its first read.
+        keys=VolumeKeys(settings.kms_config, secret_reader=LazyKubeReader(settings.sidecars.kubeconfig),
+                        namespace=os.environ.get("POD_NAMESPACE", "")),
     )
     publisher = Publisher(clusters, manager.connections, manager.read_record, mon_timeout=settings.ceph.mon_op_timeout)
     # Without Kubernetes the controller knows only its own node (--mode=all); the sidecar wiring
@@ -84,6 +88,7 @@ def build_node(settings: Settings, clusters: ClusterRegistry) -> NodeServicer:
         command_timeout=node.command_timeout,
         connect_timeout=settings.ceph.mount_timeout,
         kubeconfig=settings.sidecars.kubeconfig,
+        kms_config=settings.kms_config,
     )
     return NodeServicer(build_node_service(config), clusters, settings)
 

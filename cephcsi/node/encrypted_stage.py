@@ -25,6 +25,7 @@ from cephcsi.encryption.spec import BLOCK, EncryptionSpec
 from cephcsi.errors import FailedPrecondition, InvalidArgument
 from cephcsi.node import devices, luks
 from cephcsi.node.image_meta import RbdImageMetadata
+from cephcsi.node.journal_owner import JournalOwner
 from cephcsi.node.luks_keys import KeySource
 from cephcsi.node.requests import StageRequest
 from cephcsi.node.stage_record import StageRecord
@@ -66,7 +67,8 @@ class LuksStage:
                 f"{volume_keys.PREPARED!r} nor {volume_keys.ENCRYPTED!r}; it was not created as an encrypted volume "
                 "(or its CreateVolume did not finish), so it is neither formatted nor opened"
             )
-        passphrase = self._keys().passphrase(values, record.volume_id, spec, request.secrets)
+        passphrase = self._keys().passphrase(values, record.volume_id, spec, request.secrets,
+                                             tenant=lambda: JournalOwner.beside(meta).read(record.volume_id))
         if state == volume_keys.PREPARED:
             self._format_once(record, meta, passphrase)
         elif not self.cryptsetup.is_luks(record.device):

@@ -4,7 +4,7 @@ connection, so it hands the facade the metadata mapping instead of an Ioctx).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from cephcsi.encryption import volume_keys
@@ -12,9 +12,13 @@ from cephcsi.encryption.spec import EncryptionSpec
 from cephcsi.errors import FailedPrecondition
 
 
+Tenant = Callable[[], str]
+"""Reads the volume's tenant (claim namespace) when a KMS needs it (cephcsi.node.journal_owner)."""
+
+
 class KeySource(Protocol):
     def passphrase(self, metadata: Mapping[str, str], volume_id: str, spec: EncryptionSpec,
-                   secrets: Mapping[str, str]) -> str:
+                   secrets: Mapping[str, str], tenant: Tenant | None = None) -> str:
         """The passphrase LUKS is formatted and opened with."""
         ...
 
@@ -28,8 +32,11 @@ class KmsKeys:
         self.keys = keys or volume_keys.VolumeKeys()
 
     def passphrase(self, metadata: Mapping[str, str], volume_id: str, spec: EncryptionSpec,
-                   secrets: Mapping[str, str]) -> str:
-        kms = self.keys.kms(spec, secrets)
+                   secrets: Mapping[str, str], tenant: Tenant | None = None) -> str:
+        # ceph-csi's node reads the owner for every KMS; the default one has no settings that
+        # could name a tenant, so its stages skip that read.
+        owner = tenant() if tenant is not None and not spec.is_default_kms else ""
+        kms = self.keys.kms(spec, secrets, owner)
         try:
             if kms.dek_in_image:
                 wrapped = volume_keys.wrapped_dek_of(metadata)

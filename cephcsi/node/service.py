@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
+from cephcsi.encryption import kms_config
 from cephcsi.errors import NotFound
 from cephcsi.locks import KeyLocks
 from cephcsi.node import mounts, stage_record, stats
@@ -46,6 +47,8 @@ class NodeConfig:
     read_affinity_labels: tuple[str, ...] = ()
     runtime_dir: str = "/run/cephcsi"
     """tmpfs state that must survive a plugin restart (the rbd-nbd re-attach records)."""
+    kms_config: str = kms_config.DEFAULT_PATH
+    """--kms-config: the KMS ConfigMap's config.json (encrypted volumes)."""
 
 
 @dataclass

@@ -39,6 +39,12 @@ class KubeApi:
         values.update(body.get("stringData") or {})
         return values
 
+    def read_config_map(self, namespace: str, name: str) -> dict[str, str]:
+        """The ConfigMap's data (text values only; binaryData is not configuration)."""
+        body = self._call(f'get configmap "{namespace}/{name}"',
+                          lambda: self._core.read_namespaced_config_map(name, namespace, _preload_content=False))
+        return {str(k): str(v) for k, v in (body.get("data") or {}).items()}
+
     def get_pv(self, name: str) -> KubeObject | None:
         return self._optional(f'get PersistentVolume "{name}"',
                               lambda: self._core.read_persistent_volume(name, _preload_content=False))

@@ -1,0 +1,84 @@
+"""The tenant of a volume (the claim's namespace) as the node reads it: the journal record's
+`csi.volume.owner`, written by CreateVolume of an encrypted volume (ours and ceph-csi's).
+
+ceph-csi's node reads it from the record object `csi.volume.<uuid>` in the pool the volume id
+names (the image's pool) before it builds the KMS; KMS settings relative to the tenant (the
+`metadata` type's Secret without secretNamespace, vaulttokens' token Secret and ConfigMap) need
+it. The node has no librados connection, so one `rados getomapval` run reads it, with the
+stage's key in a 0600 file (never in argv).
+
+A volume ceph-csi journaled in another pool than its image (topologyConstrainedPools, see
+cephcsi.volumes.split_journal) keeps its values in the journal pool, which the node cannot
+name from the volume id: there the record in the image pool has no owner, and the tenant is "".
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from cephcsi.ceph.credentials import Credentials, key_file
+from cephcsi.errors import InvalidArgument
+from cephcsi.node.exec import CommandFailed, Runner
+from cephcsi.node.image_meta import RbdImageMetadata
+from cephcsi.node.mappers.rbd_cli import translate
+from cephcsi.node.stage_record import ImageSpec
+from cephcsi.observability.logging import fields
+from cephcsi.volumes.volume_id import MalformedId, VolumeId
+
+log = logging.getLogger(__name__)
+
+RECORD_PREFIX = "csi.volume."
+OWNER_KEY = "csi.volume.owner"
+"""The same names as cephcsi.volumes.journal (which the node does not import: it needs librados)."""
+
+_NO_KEY = "No such key"
+_NO_OBJECT = "(2) No such file or directory"
+
+
+def record_object(volume_id: str) -> str:
+    try:
+        return RECORD_PREFIX + VolumeId.decode(volume_id).object_uuid
+    except MalformedId as error:
+        raise InvalidArgument(f"volume id {volume_id!r} is not one cephcsi or ceph-csi issues ({error}); "
+                              "its journal record cannot be found") from None
+
+
+@dataclass(frozen=True)
+class JournalOwner:
+    """Reads `csi.volume.owner` of one volume with the stage's credentials."""
+
+    runner: Runner = field(repr=False)
+    timeout: float
+    image: ImageSpec
+    """The pool (and RADOS namespace) holding the record: the image's."""
+    monitors: str
+    credentials: Credentials = field(repr=False)
+
+    @classmethod
+    def beside(cls, meta: RbdImageMetadata) -> JournalOwner:
+        """The reader for the record in the pool of the image `meta` reads, with its credentials."""
+        return cls(meta.runner, meta.timeout, meta.image, meta.monitors, meta.credentials)
+
+    def read(self, volume_id: str) -> str:
+        """The tenant; "" when the record or its owner key is absent (a volume created without
+        a claim namespace, or a static volume)."""
+        obj = record_object(volume_id)
+        what = f"read the owner of volume {volume_id} from its journal record {self.image.pool}/{obj}"
+        argv = ["rados", "--pool", self.image.pool]
+        if self.image.namespace:
+            argv += ["--namespace", self.image.namespace]
+        with key_file(self.credentials) as keyfile:
+            argv += ["--id", self.credentials.user_id, "-m", self.monitors, f"--keyfile={keyfile}",
+                     # "-": the raw value on stdout (without it rados prints a hexdump)
+                     "getomapval", obj, OWNER_KEY, "-"]
+            try:
+                result = self.runner(argv, what=what, timeout=self.timeout, ok_codes=(0, 1),
+                                     secrets=(self.credentials.key,))
+            except CommandFailed as error:
+                raise translate(error, what, self.image) from None
+        if result.returncode == 0:
+            return result.stdout.strip()
+        if _NO_KEY in result.stdout or _NO_OBJECT in result.stderr:
+            log.info("volume has no owner in its journal record", extra=fields(volume_id=volume_id, object=obj))
+            return ""
+        raise translate(CommandFailed(result, what), what, self.image)
