@@ -169,6 +169,9 @@ NAMESPACE = "ceph-csi-rbd"
 CONTROLLER_SA = "cephcsi-controller"
 NODE_SA = "cephcsi-node"
 OTHER_NAMESPACE = "kube-system"
+TENANT_NAMESPACE = "tenant-a"
+KMS_READER = "cephcsi-kms-reader"
+"""Defined by deploy/ but bound by nobody: an admin binds it per namespace holding KMS Secrets."""
 
 
 @dataclass(frozen=True)
@@ -245,6 +248,9 @@ NODE_MUST = [
 NODE_MUST_NOT = [
     *_each("list watch update patch", "", "nodes", "reads one node by name"),
     *_each("get list", "", "secrets", "staging secrets come in the CSI request", namespace=NAMESPACE),
+    *_each("get", "", "secrets", "KMS Secrets only where an admin binds cephcsi-kms-reader", namespace=OTHER_NAMESPACE),
+    *_each("get", "", "configmaps", "KMS ConfigMaps only where an admin binds cephcsi-kms-reader",
+           namespace=OTHER_NAMESPACE),
     *_each("get list", "", "persistentvolumes", "not needed"),
     *_each("get list", "storage.k8s.io", "volumeattachments", "not needed"),
     *_each("get list", "", "pods", "not needed", namespace="default"),

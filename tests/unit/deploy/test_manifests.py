@@ -482,3 +482,41 @@ def test_leases_are_namespaced_and_secrets_are_not_cluster_wide() -> None:
 def dockerfile_uid() -> int:
     users = [line.split()[1] for line in m.DOCKERFILE.read_text().splitlines() if line.startswith("USER ")]
     return int(users[-1].split(":")[0])
+
+
+def kms_reader_binding(namespace: str) -> dict[str, Any]:
+    """What node-rbac.yaml's `kubectl create rolebinding` command makes."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": m.KMS_READER, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": m.KMS_READER},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": m.NAMESPACE}
+                         for sa in (m.NODE_SA, m.CONTROLLER_SA)]}
+
+
+def test_kms_reader_role_is_get_only_and_unbound_by_default() -> None:
+    # Encryption KMS types read Secrets/ConfigMaps in tenant namespaces (ceph-csi grants its node
+    # and provisioner that cluster-wide). Here the rule exists, but no binding in deploy/ uses it:
+    # the exact grants above stay as they were until an admin binds it per namespace.
+    role = m.find(RENDERED, "ClusterRole", m.KMS_READER)
+    rules = [(tuple(r["apiGroups"]), tuple(sorted(r["resources"])), tuple(r["verbs"])) for r in role["rules"]]
+    assert rules == [(("",), ("configmaps", "secrets"), ("get",))]
+    refs = [o for o in RENDERED if o["kind"] in ("RoleBinding", "ClusterRoleBinding")
+            and o["roleRef"]["name"] == m.KMS_READER]
+    assert refs == []
+
+
+@pytest.mark.parametrize("account", [m.NODE_SA, m.CONTROLLER_SA])
+def test_kms_reader_bound_as_documented_grants_reads_in_that_namespace_only(account: str) -> None:
+    text = (m.DEPLOY / "node-rbac.yaml").read_text()
+    command = " ".join(line.lstrip("# ").rstrip("\\ ") for line in text.splitlines() if "rolebinding cephcsi-kms-reader" in line
+                       or "--serviceaccount=" in line)
+    assert f"--clusterrole={m.KMS_READER}" in command
+    assert f"--serviceaccount={m.NAMESPACE}:{account}" in command
+    granted = m.grants([*RENDERED, kms_reader_binding(m.TENANT_NAMESPACE)], m.NAMESPACE, account)
+    for resource in ("secrets", "configmaps"):
+        assert m.statically_allowed(granted, m.Access("get", "", resource, m.TENANT_NAMESPACE))
+        for verb in ("list", "watch", "create", "update"):
+            assert not m.statically_allowed(granted, m.Access(verb, "", resource, m.TENANT_NAMESPACE))
+        assert not m.statically_allowed(granted, m.Access("get", "", resource, m.OTHER_NAMESPACE))
+    if account == m.NODE_SA:
+        assert not m.statically_allowed(granted, m.Access("get", "", "secrets", m.NAMESPACE))
