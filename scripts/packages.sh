@@ -79,8 +79,10 @@ for list in "$@"; do
       # the image without a registry or a Docker daemon (scripts/build-image.sh; runc because
       # podman's default crun refuses hosts with hybrid v1/v2 cgroups). qemu-system-x86 (and
       # debootstrap for its disk image, tests/vm/build_image.sh) runs the real-kernel VM node
-      # of tests/vm: krbd and rbd-nbd, which this kind of host cannot load.
-      printf '%s\n' ceph-mon ceph-mgr ceph-osd uuid-runtime procps podman runc debootstrap qemu-system-x86
+      # of tests/vm: krbd and rbd-nbd, which this kind of host cannot load. fscrypt: google's
+      # tool, to prove file-encrypted volumes open both ways (tests/integration/node/test_fscrypt*).
+      printf '%s\n' ceph-mon ceph-mgr ceph-osd uuid-runtime procps podman runc debootstrap qemu-system-x86 \
+        fscrypt
       ;;
     *)
       echo "packages.sh: unknown list '$list' (runtime, builder, test)" >&2
