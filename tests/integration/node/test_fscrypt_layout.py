@@ -19,6 +19,7 @@ import pytest
 
 from cephcsi.errors import FailedPrecondition, PermissionDenied
 from cephcsi.node.fscrypt import ioctls, volume
+from cephcsi.node.fscrypt.metadata_dir import MetadataDir
 
 pytestmark = pytest.mark.integration
 
@@ -153,7 +154,7 @@ def test_a_setup_killed_midway_is_completed_by_the_retry(work: Path, mnt: Path, 
     def kill(*_: object) -> None:
         raise Killed()
 
-    target = volume.MetadataDir if killed_before == "write_policy" else ioctls
+    target = MetadataDir if killed_before == "write_policy" else ioctls
     with monkeypatch.context() as patch:
         patch.setattr(target, killed_before, kill)
         with pytest.raises(Killed):
