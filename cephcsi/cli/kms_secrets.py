@@ -13,10 +13,15 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from cephcsi.errors import FailedPrecondition, NotFound
+from cephcsi.errors import FailedPrecondition, NotFound, PermissionDenied
 
 if TYPE_CHECKING:
     from cephcsi.sidecars.api import KubeApi
+
+
+RBAC_HINT = ("grant it there: kubectl -n {namespace} create rolebinding cephcsi-kms-reader "
+             "--clusterrole=cephcsi-kms-reader --serviceaccount=<driver namespace>:<this plugin's ServiceAccount> "
+             "(deploy/node-rbac.yaml)")
 
 
 class KubeSecretReader:
@@ -28,12 +33,16 @@ class KubeSecretReader:
             return self.api.read_secret(namespace, name)
         except NotFound:
             return None
+        except PermissionDenied as error:
+            raise PermissionDenied(f"{error.message}; {RBAC_HINT.format(namespace=namespace)}") from None
 
     def read_config_map(self, namespace: str, name: str) -> Mapping[str, str] | None:
         try:
             return self.api.read_config_map(namespace, name)
         except NotFound:
             return None
+        except PermissionDenied as error:
+            raise PermissionDenied(f"{error.message}; {RBAC_HINT.format(namespace=namespace)}") from None
 
 
 def connect(kubeconfig: str) -> KubeApi:
