@@ -17,7 +17,6 @@ import logging
 from dataclasses import dataclass, field
 
 from cephcsi.ceph.credentials import Credentials, key_file
-from cephcsi.errors import InvalidArgument
 from cephcsi.node.exec import CommandFailed, Runner
 from cephcsi.node.image_meta import RbdImageMetadata
 from cephcsi.node.mappers.rbd_cli import translate
@@ -35,12 +34,13 @@ _NO_KEY = "No such key"
 _NO_OBJECT = "(2) No such file or directory"
 
 
-def record_object(volume_id: str) -> str:
+def record_object(volume_id: str) -> str | None:
+    """The record object of a volume id either driver issued; None for any other id (a static
+    volume's handle is its image name: it has no record)."""
     try:
         return RECORD_PREFIX + VolumeId.decode(volume_id).object_uuid
-    except MalformedId as error:
-        raise InvalidArgument(f"volume id {volume_id!r} is not one cephcsi or ceph-csi issues ({error}); "
-                              "its journal record cannot be found") from None
+    except MalformedId:
+        return None
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,10 @@ class JournalOwner:
         """The tenant; "" when the record or its owner key is absent (a volume created without
         a claim namespace, or a static volume)."""
         obj = record_object(volume_id)
+        if obj is None:
+            # A KMS setting relative to the tenant then says what it misses, naming the setting.
+            log.info("volume id names no journal record, so no owner", extra=fields(volume_id=volume_id))
+            return ""
         what = f"read the owner of volume {volume_id} from its journal record {self.image.pool}/{obj}"
         argv = ["rados", "--pool", self.image.pool]
         if self.image.namespace:

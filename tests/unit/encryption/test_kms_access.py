@@ -40,8 +40,12 @@ def test_the_node_reads_the_same_record_keys_the_controller_writes() -> None:
     assert journal_owner.OWNER_KEY == journal.OWNER
     assert journal_owner.RECORD_PREFIX == journal.VOLUMES.record_prefix
     assert journal_owner.record_object(VOLUME) == "csi.volume.11111111-2222-3333-4444-555555555555"
-    with pytest.raises(InvalidArgument, match="not one cephcsi or ceph-csi issues"):
-        journal_owner.record_object("pvc-static-volume")
+    assert journal_owner.record_object("pvc-static-volume") is None
+
+
+def test_a_static_volume_has_no_record_and_no_owner() -> None:
+    runner = FakeRunner()
+    assert owner_reader(runner).read("csi-vol-static") == "" and runner.calls == []
 
 
 def owner_reader(runner: FakeRunner, namespace: str = "") -> JournalOwner:
