@@ -111,6 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cephcsi.cli.audit import main as audit_main
 
         return audit_main(args[1:])
+    if args[:1] == ["rotate-key"]:
+        from cephcsi.cli.rotate_key import main as rotate_key_main
+
+        return rotate_key_main(args[1:])
     settings = parse_settings(argv)
     cephcsi_logging.configure(settings.log_level, settings.log_json)
     try:

@@ -1,0 +1,406 @@
+"""Key rotation of a LUKS2 block-encrypted volume: a new passphrase in the header and in the KMS,
+the old one gone from both, done where the volume is staged (`cephcsi rotate-key`).
+
+Only the keyslots change; the volume key that encrypts the data stays, so open mappings (this
+node's and any other's) keep working and no data is rewritten.
+
+Slots, as ceph-csi uses them (internal/rbd/encryption.go RotateEncryptionKey): slot 0 holds the
+volume's passphrase (luksFormat put it there), slot 1 a backup copy of the passphrase the KMS
+holds while a rotation runs. Steps, each a single cryptsetup or KMS write:
+
+1. the KMS passphrase P (what NodeStage opens with) must open some slot; if slot 1 is not P
+   already, it is cleared (it can only be a backup of an earlier, interrupted rotation: P opens
+   another slot, checked first) and P is added to slot 1;
+2. slot 0 is cleared (P stays in slot 1) and a new passphrase N is added to slot 0;
+3. N is checked to open slot 0, and any slot other than 0 and 1 that P opens is cleared (a
+   recovery key of its own stays);
+4. N replaces P in the KMS (`metadata`: the re-wrapped passphrase in rbd.csi.ceph.com/dek; vault:
+   stored under the volume id) — one atomic write;
+5. slot 1 is cleared.
+
+Why a kill at any point leaves a volume that opens with what the KMS holds: until step 4 the KMS
+holds P, and P is in slot 1 from step 1 on; nothing before step 1 removes a slot P opens (step 1
+clears slot 1 only after P was seen to open another). Step 2 clears slot 0 only once P is in slot
+1. Step 3 clears only slots other than 1. Step 4 switches the KMS from P to N in one write,
+after step 3 proved N opens slot 0, and step 5 never touches slot 0. So the KMS passphrase
+opens a slot between any two steps.
+
+Why a re-run completes: it starts from whatever the KMS holds, which opens a slot. A kill before
+step 4 leaves P in the KMS and a copy in slot 1 (and perhaps a never-stored N in slot 0, which
+step 2 of the re-run clears); a kill after step 4 leaves N in the KMS, in slot 0, and the stale P
+in slot 1, which the re-run's step 1 clears. Either way the re-run is a full rotation from the
+KMS passphrase and ends with one fresh passphrase in slot 0 and in the KMS, slot 1 empty. A
+passphrase that only ever lived in the memory of a killed run never reaches the KMS, so nothing
+depends on it.
+
+Two rotations of one volume interleaved could store a passphrase the other just removed, so they
+exclude each other: on the node, a lock file (flock: it dies with its process); across nodes,
+ceph-csi's rotation lock (an exclusive cls_lock `<volume id>-mutexlock` on the RADOS object named
+after the volume id, in the image's pool and namespace), so ceph-csi's rotations are excluded too.
+That lock lapses LOCK_SECONDS after it was taken (the CLI cannot renew it: each `rados` run is a
+new client), so the KMS write is refused once the lapse is near; a lock left by a killed run of
+this node (its cookie names this host, and this host's flock is ours) is broken by the re-run,
+one of another node or of ceph-csi is waited out.
+The `default` KMS cannot rotate: its passphrase is the StorageClass Secret's encryptionPassphrase,
+the same for every volume of the class, and nothing per volume is kept.
+
+Secrets: passphrases reach cryptsetup on stdin (the key that authorises) and in a 0600 file in a
+private directory removed right after the call (the new key of luksAddKey); never argv or logs.
+The wrapped passphrase (`metadata`) goes to `rbd image-meta set` in argv: it is what the image
+metadata shows any reader of the pool, sealed under the KMS Secret; it is kept out of the logs.
+"""
+from __future__ import annotations
+
+import fcntl
+import glob
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from cephcsi.ceph.credentials import Credentials, key_file
+from cephcsi.encryption import volume_keys
+from cephcsi.encryption.kms.base import Kms
+from cephcsi.encryption.spec import EncryptionSpec
+from cephcsi.errors import DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, OperationInFlight
+from cephcsi.node import luks, stage_record
+from cephcsi.node.exec import CommandFailed, Result, Runner
+from cephcsi.node.image_meta import RbdImageMetadata
+from cephcsi.node.mappers.rbd_cli import image_args, translate
+from cephcsi.observability.logging import fields
+from cephcsi.volumes import failpoints
+
+log = logging.getLogger(__name__)
+
+PRIMARY = 0
+"""The slot the volume's passphrase lives in (luksFormat's first slot)."""
+BACKUP = 1
+"""The slot the KMS's passphrase is copied to while a rotation runs."""
+_RC_NO_KEY = 2
+_ADD_OPTIONS = ("--pbkdf-memory", str(luks.PBKDF_MEMORY_KIB))
+"""The same argon2 memory cap as the header's first slot (cephcsi.node.luks), so every node that
+can open the volume today can open it after a rotation."""
+
+
+class Keyslots(Protocol):
+    """The LUKS header operations a rotation needs (cryptsetup; a fake in the ordering's unit tests)."""
+
+    def active(self) -> set[int]: ...
+
+    def opens(self, passphrase: str, slot: int | None = None) -> bool:
+        """Whether the passphrase opens `slot` (any slot when None)."""
+        ...
+
+    def add(self, existing: str, new: str, slot: int) -> None: ...
+
+    def kill(self, existing: str, slot: int) -> None:
+        """Clear `slot`, authorised by `existing` (which must open another slot)."""
+        ...
+
+
+class KeyStore(Protocol):
+    """The volume's passphrase as its KMS keeps it."""
+
+    def current(self) -> str: ...
+
+    def replace(self, passphrase: str) -> None: ...
+
+
+def rotate(slots: Keyslots, store: KeyStore, new_passphrase: Callable[[], str], volume_id: str,
+           reach: Callable[[str], None] = failpoints.reach, still_locked: Callable[[], None] = lambda: None) -> None:
+    """The five steps of the module docstring, in that order. `still_locked` raises when the
+    cluster lock may have lapsed: the KMS write is the one step another rotation must not race."""
+    old = store.current()
+    active = slots.active()
+    if not (BACKUP in active and slots.opens(old, BACKUP)):
+        if not slots.opens(old):
+            raise FailedPrecondition(
+                f"the passphrase the KMS keeps for volume {volume_id} opens no keyslot of its LUKS header; nothing "
+                "was changed. Stage the volume to see whether it opens at all, and restore the KMS's key"
+            )
+        if BACKUP in active:
+            slots.kill(old, BACKUP)  # a stale backup: the KMS passphrase opens another slot (just checked)
+        slots.add(old, old, BACKUP)
+    reach("key-rotation.after-backup")
+    if PRIMARY in slots.active():
+        slots.kill(old, PRIMARY)
+    new = new_passphrase()
+    slots.add(old, new, PRIMARY)
+    reach("key-rotation.after-new-slot")
+    if not slots.opens(new, PRIMARY):
+        raise Internal(f"the new passphrase of volume {volume_id} does not open the slot it was just added to; "
+                       "the KMS still holds the old one (which opens slot 1): rerun the rotation")
+    for slot in sorted(slots.active() - {PRIMARY, BACKUP}):
+        if slots.opens(old, slot):  # another copy of the old passphrase (a recovery key stays)
+            slots.kill(new, slot)
+    still_locked()
+    store.replace(new)
+    log.info("volume passphrase replaced in the KMS", extra=fields(volume_id=volume_id))
+    reach("key-rotation.after-kms")
+    if BACKUP in slots.active():
+        slots.kill(new, BACKUP)
+    log.info("volume key rotated", extra=fields(volume_id=volume_id))
+
+
+# -- cryptsetup ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def _new_key_file(passphrase: str) -> Iterator[str]:
+    """The new passphrase in a 0600 file of a 0700 directory (tmpfs /run when there), removed at once."""
+    parent = "/run" if os.path.isdir("/run") and os.access("/run", os.W_OK) else None
+    directory = tempfile.mkdtemp(prefix="cephcsi-rotate-", dir=parent)
+    path = os.path.join(directory, "key")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, passphrase.encode())
+        finally:
+            os.close(fd)
+        yield path
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class CryptsetupSlots:
+    """Keyslots of the LUKS2 header on `device`, through cryptsetup."""
+
+    runner: Runner = field(repr=False)
+    timeout: float
+    device: str
+    volume_id: str
+
+    def active(self) -> set[int]:
+        result = self.runner(["cryptsetup", "luksDump", "--dump-json-metadata", self.device],
+                             what=f"read the LUKS2 keyslots of volume {self.volume_id}", timeout=self.timeout)
+        try:
+            return {int(slot) for slot in json.loads(result.stdout)["keyslots"]}
+        except (ValueError, KeyError, TypeError):
+            raise Internal(f"cryptsetup printed no LUKS2 keyslots for {self.device} (volume {self.volume_id}); "
+                           "is its header LUKS1?") from None
+
+    def opens(self, passphrase: str, slot: int | None = None) -> bool:
+        argv = ["cryptsetup", "open", "--test-passphrase", "--key-file=-", self.device]
+        if slot is not None:
+            argv[2:2] = ["--key-slot", str(slot)]
+        result = self.runner(argv, what=f"test a passphrase of volume {self.volume_id}", timeout=self.timeout,
+                             ok_codes=(0, _RC_NO_KEY), stdin=passphrase, secrets=[passphrase])
+        return result.returncode == 0
+
+    def add(self, existing: str, new: str, slot: int) -> None:
+        with _new_key_file(new) as path:
+            self.runner(["cryptsetup", "luksAddKey", "--key-slot", str(slot), *_ADD_OPTIONS, "--key-file=-",
+                         self.device, path],
+                        what=f"add keyslot {slot} to the LUKS header of volume {self.volume_id}",
+                        timeout=self.timeout, stdin=existing, secrets=[existing, new])
+        log.info("LUKS keyslot added", extra=fields(volume_id=self.volume_id, slot=slot))
+
+    def kill(self, existing: str, slot: int) -> None:
+        self.runner(["cryptsetup", "luksKillSlot", "--key-file=-", self.device, str(slot)],
+                    what=f"clear keyslot {slot} of the LUKS header of volume {self.volume_id}",
+                    timeout=self.timeout, stdin=existing, secrets=[existing])
+        log.info("LUKS keyslot cleared", extra=fields(volume_id=self.volume_id, slot=slot))
+
+
+# -- the KMS -------------------------------------------------------------------------------------
+
+
+def refuse_default(spec: EncryptionSpec) -> None:
+    if spec.is_default_kms:
+        raise InvalidArgument(
+            "volumes of the default KMS (no encryptionKMSID) cannot rotate their key: their passphrase is the "
+            "StorageClass Secret's encryptionPassphrase, shared by every volume of the class, and nothing per "
+            "volume is kept. Use a KMS that keeps a passphrase per volume (metadata, vault) for new volumes"
+        )
+
+
+@dataclass
+class KmsKeyStore:
+    """The passphrase as NodeStage reads it (cephcsi.node.luks_keys), written back the same way."""
+
+    kms: Kms
+    metadata: RbdImageMetadata
+    volume_id: str
+
+    def current(self) -> str:
+        if not self.kms.dek_in_image:
+            found = self.kms.fetch(self.volume_id)
+            if found is None:
+                raise FailedPrecondition(f"{self.kms.describe()} keeps no passphrase for volume {self.volume_id}")
+            return found
+        wrapped = volume_keys.wrapped_dek_of(self.metadata.read())
+        if not wrapped:
+            raise FailedPrecondition(f"encrypted volume {self.volume_id} has no passphrase in its image metadata "
+                                     f"({volume_keys.DEK_KEY})")
+        return self.kms.unwrap(self.volume_id, wrapped)
+
+    def replace(self, passphrase: str) -> None:
+        if not self.kms.dek_in_image:
+            self.kms.store(self.volume_id, passphrase)
+            return
+        wrapped = self.kms.wrap(self.volume_id, passphrase)
+        meta = self.metadata
+        what = f"store the new wrapped passphrase of volume {self.volume_id} in its image metadata"
+        with key_file(meta.credentials) as keyfile:
+            try:
+                meta.runner(["rbd", "image-meta", "set", *image_args(meta.image), "--id", meta.credentials.user_id,
+                             "-m", meta.monitors, f"--keyfile={keyfile}", volume_keys.DEK_KEY, wrapped],
+                            what=what, timeout=meta.timeout, secrets=(meta.credentials.key, wrapped))
+            except CommandFailed as error:
+                raise translate(error, what, meta.image) from None
+
+
+@contextmanager
+def node_lock(directory: str, volume_id: str) -> Iterator[None]:
+    """One rotation of a volume at a time on this node (a second one fails at once)."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(directory, f"rotate-key-{volume_id}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OperationInFlight(f"another key rotation of volume {volume_id} is running on this node") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+# -- where the volume is staged ------------------------------------------------------------------
+
+_STAGE_GLOBS = ("plugins/kubernetes.io/csi/*/*/globalmount", "plugins/kubernetes.io/csi/pv/*/globalmount",
+                "plugins/kubernetes.io/csi/volumeDevices/staging/*")
+"""kubelet's staging paths (driver/<sha256>/globalmount since Kubernetes 1.24, pv/<name>/globalmount
+before, volumeDevices/staging/<pv> for Block); only these levels are listed, never a volume's files."""
+
+
+def find_stage(kubelet_dir: str, volume_id: str, staging_path: str = "") -> stage_record.StageRecord:
+    """The stage record of a staged, encrypted volume on this node (FAILED_PRECONDITION otherwise)."""
+    if staging_path:
+        candidates = [staging_path]
+    else:
+        candidates = sorted({path for pattern in _STAGE_GLOBS for path in glob.glob(os.path.join(kubelet_dir, pattern))})
+    for path in candidates:
+        record = stage_record.load(path)
+        if record is None or record.volume_id != volume_id:
+            continue
+        if not (record.staged and record.crypt_name and record.device):
+            raise FailedPrecondition(f"volume {volume_id} is staged at {path} but not (or not completely) as an "
+                                     "encrypted volume; only a staged LUKS volume can rotate its key")
+        if record.read_only:
+            raise FailedPrecondition(f"volume {volume_id} is staged read-only at {path}, so its LUKS header cannot "
+                                     "be written here; run the rotation on a node that stages it read-write")
+        return record
+    where = staging_path or f"{kubelet_dir}/plugins/kubernetes.io/csi"
+    raise FailedPrecondition(f"volume {volume_id} is not staged on this node (no cephcsi stage record under {where}); "
+                             "run the rotation in the node plugin of a node where a pod uses it")
+
+
+# -- one rotation of a volume at a time, across nodes ---------------------------------------------
+
+LOCK_SECONDS = 600
+"""How long the cluster lock lasts: far longer than a rotation (about ten cryptsetup runs of a few
+seconds each), short enough that a node that died holding it does not block the volume for long."""
+LOCK_MARGIN = 60.0
+"""No KMS write later than this before the lock lapses."""
+_BUSY = "Device or resource busy"
+
+
+def lock_name(volume_id: str) -> str:
+    """ceph-csi's (internal/rbd/encryption.go RotateEncryptionKey)."""
+    return f"{volume_id}-mutexlock"
+
+
+@dataclass(frozen=True)
+class ClusterLock:
+    """The exclusive cls_lock of a volume's rotations, taken and released with the `rados` tool."""
+
+    runner: Runner = field(repr=False)
+    timeout: float
+    image: stage_record.ImageSpec
+    monitors: str
+    credentials: Credentials = field(repr=False)
+    volume_id: str
+    host: str
+
+    @property
+    def cookie(self) -> str:
+        return f"cephcsi-rotate-key@{self.host}"
+
+    def _run(self, args: list[str], what: str, ok_codes: tuple[int, ...] = (0,)) -> Result:
+        pool = ["--pool", self.image.pool] + (["--namespace", self.image.namespace] if self.image.namespace else [])
+        with key_file(self.credentials) as keyfile:
+            try:
+                return self.runner(["rados", *pool, "--id", self.credentials.user_id, "-m", self.monitors,
+                                    f"--keyfile={keyfile}", *args], what=what, timeout=self.timeout,
+                                   ok_codes=ok_codes, secrets=(self.credentials.key,))
+            except CommandFailed as error:
+                raise translate(error, what, self.image) from None
+
+    def _get(self) -> bool:
+        result = self._run(["lock", "get", self.volume_id, lock_name(self.volume_id), "--lock-type", "exclusive",
+                            "--lock-cookie", self.cookie, "--lock-duration", str(LOCK_SECONDS),
+                            "--lock-description", f"cephcsi rotate-key on {self.host}"],
+                           f"lock the key rotation of volume {self.volume_id}", ok_codes=(0, 1))
+        if result.returncode == 0:
+            return True
+        if _BUSY in result.stderr:
+            return False
+        raise CommandFailed(result, f"lock the key rotation of volume {self.volume_id}")
+
+    def lockers(self) -> list[dict[str, str]]:
+        result = self._run(["lock", "info", self.volume_id, lock_name(self.volume_id), "--format", "json"],
+                           f"read the key rotation lock of volume {self.volume_id}", ok_codes=(0, 1))
+        if result.returncode != 0:
+            return []  # no such lock (any more)
+        try:
+            found = json.loads(result.stdout).get("lockers", [])
+            return [{key: str(value) for key, value in locker.items()} for locker in found]
+        except (ValueError, AttributeError):
+            raise Internal(f"`rados lock info` printed no lockers for volume {self.volume_id}") from None
+
+    def _break(self, locker: str) -> None:
+        self._run(["lock", "break", self.volume_id, lock_name(self.volume_id), locker, "--lock-cookie", self.cookie],
+                  f"release the key rotation lock of volume {self.volume_id}", ok_codes=(0, 1))
+
+    @contextmanager
+    def held(self) -> Iterator[Callable[[], None]]:
+        """Hold the lock (call only under this host's node_lock); yields the check to run before the
+        KMS write."""
+        if not self._get():
+            lockers = self.lockers()
+            others = [f"{l.get('name')} ({l.get('description') or l.get('cookie')})" for l in lockers
+                      if l.get("cookie") != self.cookie]
+            if others:
+                raise OperationInFlight(
+                    f"another key rotation of volume {self.volume_id} holds its lock ({', '.join(others)}): a "
+                    f"rotation on another node, or by ceph-csi. Retry when it is done; a lock whose holder died "
+                    f"lapses {LOCK_SECONDS} s after it was taken"
+                )
+            for locker in lockers:  # this host's: its run is dead, since this run holds the host's flock
+                log.info("breaking the key rotation lock a killed run of this node left",
+                         extra=fields(volume_id=self.volume_id, locker=locker.get("name", "")))
+                self._break(locker.get("name", ""))
+            if not self._get():
+                raise OperationInFlight(f"the key rotation lock of volume {self.volume_id} was taken meanwhile")
+        lapse = time.monotonic() + LOCK_SECONDS - LOCK_MARGIN
+
+        def still_locked() -> None:
+            if time.monotonic() > lapse:
+                raise DeadlineExceeded(
+                    f"the key rotation of volume {self.volume_id} ran so long that its lock may lapse; the KMS was "
+                    "not changed and its passphrase still opens the volume: rerun the rotation"
+                )
+
+        try:
+            yield still_locked
+        finally:
+            for locker in self.lockers():
+                if locker.get("cookie") == self.cookie:
+                    self._break(locker.get("name", ""))
