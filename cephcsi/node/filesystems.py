@@ -155,9 +155,12 @@ def uuid_option(fs_type: str, fs_uuid: str) -> list[str]:
     return ["-U", fs_uuid] if fs_type == "ext4" else ["-m", f"uuid={fs_uuid}"]
 
 
-def mkfs_argv(fs_type: str, device: str, mkfs_options: str, fs_uuid: str) -> list[str]:
+def mkfs_argv(fs_type: str, device: str, mkfs_options: str, fs_uuid: str, encrypt: bool = False) -> list[str]:
     """mkfs argv: the user's options (or our defaults), the UUID to give the filesystem, the
-    device. Refuses options that would force or set the UUID (INVALID_ARGUMENT)."""
+    device. Refuses options that would force or set the UUID (INVALID_ARGUMENT). `encrypt`:
+    ext4's encrypt feature, which fscrypt needs (ceph-csi adds `-Oencrypt` likewise)."""
+    if encrypt and fs_type != "ext4":
+        raise InvalidArgument(f"file encryption (fscrypt) needs an ext4 filesystem, not {fs_type}")
     if fs_type not in DEFAULT_MKFS_OPTIONS:
         raise InvalidArgument(f"cannot create filesystem {fs_type!r} (supported: {', '.join(DEFAULT_MKFS_OPTIONS)})")
     if mkfs_options.strip():
@@ -168,7 +171,8 @@ def mkfs_argv(fs_type: str, device: str, mkfs_options: str, fs_uuid: str) -> lis
         _check_user_options(fs_type, options)
     else:
         options = list(DEFAULT_MKFS_OPTIONS[fs_type])
-    return [f"mkfs.{fs_type}", *options, *uuid_option(fs_type, fs_uuid), device]
+    features = ["-O", "encrypt"] if encrypt else []
+    return [f"mkfs.{fs_type}", *options, *features, *uuid_option(fs_type, fs_uuid), device]
 
 
 def ensure_filesystem(
@@ -180,6 +184,7 @@ def ensure_filesystem(
     on_mkfs_start: Callable[[str], None] | None = None,
     interrupted_uuid: str | None = None,
     volume: str = "",
+    encrypt: bool = False,
 ) -> bool:
     """Make sure `device` holds an `fs_type` filesystem; returns True when we created it.
 
@@ -198,7 +203,7 @@ def ensure_filesystem(
     if not found.empty:
         raise FailedPrecondition(_refusal(subject, fs_type, found, interrupted_uuid))
     fs_uuid = str(uuidlib.uuid4())
-    argv = mkfs_argv(fs_type, device, mkfs_options, fs_uuid)  # options are refused before anything is recorded
+    argv = mkfs_argv(fs_type, device, mkfs_options, fs_uuid, encrypt)  # options are refused before anything is recorded
     if on_mkfs_start is not None:
         on_mkfs_start(fs_uuid)
     runner(argv, what=f"create {fs_type} filesystem on {subject}", timeout=timeout)

@@ -1,7 +1,8 @@
 """NodePublishVolume / NodeUnpublishVolume: bind the staged volume to a pod's target path.
 
 Publish creates the target (a directory for Filesystem volumes, an empty file for Block),
-bind-mounts `<staging>/fs` or `<staging>/block` onto it and, for read-only publishes, remounts
+bind-mounts `<staging>/fs` (its ceph-csi-encrypted directory when file-encrypted) or `<staging>/block`
+onto it and, for read-only publishes, remounts
 the bind read-only. Several targets of one staged volume are independent binds. Nothing is
 recorded: the mount table is the state (a target is "published" when a bind of the staged
 filesystem or device is mounted on it), which keeps publish restart-safe for free.
@@ -18,8 +19,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cephcsi.encryption.spec import FILE
 from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal
 from cephcsi.node import legacy_stage, mounts, stage_record
+from cephcsi.node.fscrypt import ioctls as fscrypt_ioctls, volume as fscrypt_volume
 from cephcsi.node.requests import PublishRequest
 from cephcsi.node.stage_record import ACCESS_BLOCK
 from cephcsi.observability.logging import fields
@@ -34,6 +37,8 @@ class _Staged:
     mount_path: str
     access_type: str
     read_only: bool
+    file_encrypted: bool = False
+    """fscrypt: the bind source is the encrypted directory in the mount, as in ceph-csi."""
 
 
 class Publisher:
@@ -62,11 +67,11 @@ class Publisher:
                 "mode); publishing it for writing is refused: use a reader-only access mode or readOnly: true"
             )
         table = self.read_mounts()
-        source = staged.mount_path
-        anchor = mounts.top_mount(source, table)
+        anchor = mounts.top_mount(staged.mount_path, table)
+        source = fscrypt_volume.encrypted_dir(staged.mount_path) if staged.file_encrypted else staged.mount_path
         if anchor is None:
             raise FailedPrecondition(
-                f"volume {request.volume_id} is recorded as staged but {source} is not mounted; stage it again"
+                f"volume {request.volume_id} is recorded as staged but {staged.mount_path} is not mounted; stage it again"
             )
         read_only = request.read_only or request.access.read_only or staged.read_only
         existing = mounts.top_mount(request.target_path, table)
@@ -98,13 +103,16 @@ class Publisher:
             # Staged by ceph-csi before the switch (cephcsi.node.legacy_stage): publish from its mount.
             entry = legacy_stage.staged_mount(request.staging_path, request.volume_id, self.read_mounts())
             if entry is not None:
-                return _Staged(legacy_stage.mount_path(request.staging_path, request.volume_id),
-                               request.access.access_type, entry.read_only)
+                path = legacy_stage.mount_path(request.staging_path, request.volume_id)
+                # No volume context here: ceph-csi's file-encrypted stage is known by its directory.
+                return _Staged(path, request.access.access_type, entry.read_only,
+                               file_encrypted=_has_encrypted_dir(path))
         if record is None or record.volume_id != request.volume_id or not record.staged:
             raise FailedPrecondition(
                 f"volume {request.volume_id} is not staged at {request.staging_path}; call NodeStageVolume first"
             )
-        return _Staged(record.mount_path, record.access_type, record.read_only)
+        return _Staged(record.mount_path, record.access_type, record.read_only,
+                       file_encrypted=record.encryption == FILE)
 
     @staticmethod
     def _check_existing(
@@ -180,3 +188,11 @@ def _remove_target(path: str) -> None:
                 f"target {path} is not a mount point but is not empty; left in place (move its files away)"
             ) from None
         raise Internal(f"cannot remove target {path}: {error.strerror}") from None
+
+
+def _has_encrypted_dir(mount_path: str) -> bool:
+    directory = fscrypt_volume.encrypted_dir(mount_path)
+    try:
+        return os.path.isdir(directory) and fscrypt_ioctls.get_policy(directory) is not None
+    except (OSError, FailedPrecondition):
+        return False

@@ -5,7 +5,9 @@ Stage is a sequence of idempotent "ensure" steps (mapped → formatted → mount
 by a record write, so a retried stage after a crash resumes where the crash left off. An
 encrypted volume has one more after the map: its LUKS2 mapping formatted once and opened
 (cephcsi.node.encrypted_stage), which the filesystem or Block bind then sits on; unstage closes it
-before the unmap. If a
+before the unmap. A file-encrypted volume (fscrypt) gets an ext4 with the encrypt feature and, after
+the mount, its encrypted directory unlocked (cephcsi.node.fscrypt.stage); unstage removes its key
+before the unmount. If a
 stage fails, everything this incomplete stage created is undone (the CO will not call unstage
 after an error it considers final, so leaving a device mapped would leak it); a failed attempt
 to repair an already complete stage only undoes what that attempt itself created.
@@ -22,10 +24,12 @@ import os
 from collections.abc import Callable, Mapping
 
 from cephcsi.config.read_affinity import ReadAffinity
+from cephcsi.encryption.spec import BLOCK, FILE
 from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, OperationInFlight
 from cephcsi.node import devices, filesystems, legacy_stage, luks, mounts, rederive, stage_record
 from cephcsi.node.encrypted_stage import LuksStage, check_supported
 from cephcsi.node.exec import Runner
+from cephcsi.node.fscrypt.stage import FileStage
 from cephcsi.node.image_meta import RbdImageMetadata
 from cephcsi.node.luks_keys import KeySource, KmsKeys
 from cephcsi.node.mappers import options as map_options, read_affinity
@@ -73,6 +77,7 @@ class Stager:
         # with the KMS configuration; without it, on first use with the default paths.
         self.crypt = luks_stage or LuksStage(luks.Luks(runner, command_timeout), self._default_keys, self._metadata)
         self._keys = keys
+        self.files = FileStage(self._default_keys, self._metadata)
 
     def _default_keys(self) -> KeySource:
         if self._keys is None:
@@ -85,7 +90,7 @@ class Stager:
     # -- stage -----------------------------------------------------------------------------
 
     def stage(self, request: StageRequest) -> None:
-        check_supported(request.encryption)
+        _check_encryption(request)
         self._ensure_staging_dir(request.staging_path)
         record = stage_record.load(request.staging_path)
         if record is not None:
@@ -172,7 +177,7 @@ class Stager:
             unmap_options=map_options.parse(request.unmap_options, mapper_name, "unmapOptions"),
             work_dir=mapper.work_dir_for(request.volume_id, request.staging_path),
             encryption=request.encryption.type if request.encryption is not None else "",
-            crypt_name=luks.dm_name(request.volume_id) if request.encryption is not None else "",
+            crypt_name=luks.dm_name(request.volume_id) if _is(request, BLOCK) else "",
         )
 
     def _crush_location(self, record: StageRecord, request: StageRequest,
@@ -219,7 +224,8 @@ class Stager:
             record.loop = loop
             stage_record.save(record)
         # 1b. LUKS: format once, open (the record named the mapping before the map)
-        if request.encryption is not None and self.crypt.open(record, request, request.encryption):
+        if request.encryption is not None and request.encryption.type == BLOCK and \
+                self.crypt.open(record, request, request.encryption):
             created.append("open")
         # 2. filesystem, 3. mount
         if record.access_type == ACCESS_MOUNT:
@@ -228,6 +234,9 @@ class Stager:
             devices.require_unclaimed(record.data_device)
             self._ensure_filesystem(record, request)
             self._ensure_fs_mount(record, created)
+            # 3b. fscrypt: set up once, unlock (the record says file since the map)
+            if request.encryption is not None and request.encryption.type == FILE:
+                self.files.unlock(record, request, request.encryption)
         else:
             self._ensure_block_bind(record, created)
         if self.after_ready is not None:
@@ -263,6 +272,7 @@ class Stager:
                 on_mkfs_start=mkfs_starting,
                 interrupted_uuid=record.mkfs_uuid if record.mkfs_started else None,
                 volume=record.volume_id,
+                encrypt=record.encryption == FILE,
             )
             if created:
                 failpoints.reach("node.after-mkfs")
@@ -372,6 +382,8 @@ class Stager:
             if active is None or active.device != device:
                 return False
             device = record.data_device
+        if record.encryption == FILE and not self.files.unlocked(record):
+            return False  # the key left the keyring (removed by hand): the stage unlocks it again
         if record.access_type == ACCESS_BLOCK:
             return _rdev(record.mount_path) == _rdev(device)
         try:
@@ -387,6 +399,8 @@ class Stager:
                 self._teardown(record)
                 return
             if "mount" in created:
+                if record.encryption == FILE:
+                    self.files.lock(record)
                 self.mounter.unmount(record.mount_path)
             if "open" in created:
                 self.crypt.close(record)
@@ -436,6 +450,8 @@ class Stager:
                     f"volume {record.volume_id} is still published at {', '.join(published)}; "
                     "unpublish it there before unstaging"
                 )
+            if record.encryption == FILE:
+                self.files.lock(record)  # before the unmount, while the directory is reachable
             self.mounter.unmount(record.mount_path)
         self.crypt.close(record)  # before the unmap: the mapping holds the device open
         self.mappers[record.mapper].unmap(record)
@@ -452,6 +468,23 @@ class Stager:
             others = [e for e in others if e.mount_point.startswith(root)]
         staging_root = os.path.realpath(os.path.dirname(anchor.mount_point)).rstrip("/") + "/"
         return [e.mount_point for e in others if not e.mount_point.startswith(staging_root)]
+
+
+def _is(request: StageRequest, kind: str) -> bool:
+    return request.encryption is not None and request.encryption.type == kind
+
+
+def _check_encryption(request: StageRequest) -> None:
+    """ceph-csi's limits: file encryption needs a filesystem volume (a Block claim is refused,
+    as ceph-csi refuses it) on ext4, the filesystem fscrypt works on here."""
+    if not _is(request, FILE):
+        check_supported(request.encryption)
+        return
+    if request.access.block:
+        raise InvalidArgument("encryptionType \"file\" (fscrypt) encrypts files in a filesystem; a Block volume "
+                              "cannot use it: use encryptionType \"block\" for Block volumes")
+    if request.access.fs_type != "ext4":
+        raise InvalidArgument(f"encryptionType \"file\" (fscrypt) needs fsType ext4, not {request.access.fs_type!r}")
 
 
 def _device_numbers(device: str) -> tuple[int, int]:

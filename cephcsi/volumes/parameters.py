@@ -73,12 +73,9 @@ class VolumeParameters:
             raise InvalidArgument(
                 f"parameter volumeNamePrefix={prefix!r} may hold at most 64 letters, digits, '.', '_' or '-'"
             )
+        # block (LUKS2) or file (fscrypt, set up by the node in the filesystem): the controller keeps
+        # the passphrase the same way for both (cephcsi.volumes.encrypted).
         wanted = encryption.from_parameters(parameters)
-        if wanted is not None and wanted.type != encryption.BLOCK:
-            raise InvalidArgument(
-                f"parameter {encryption.TYPE_KEY}={wanted.type!r} is not supported yet: only block encryption "
-                "(LUKS2, the default) is; file encryption (fscrypt) is not"
-            )
         return cls(
             cluster_id=cluster_id,
             pool=pool,

@@ -154,19 +154,23 @@ def _set_up(mount_point: str, meta: MetadataDir, directory: str, secret: Protect
         os.close(fd)
 
 
-def unlock(mount_point: str, secret: ProtectorSecret) -> str:
+def unlock(mount_point: str, secret: ProtectorSecret, read_only: bool = False) -> str:
     """Set up (first stage) or open the encrypted directory of the filesystem mounted at
-    mount_point; returns its path."""
+    mount_point; returns its path. A read-only mount is only ever opened."""
     directory = encrypted_dir(mount_point)
     meta = MetadataDir(mount_point)
-    meta.ensure()
-    try:
-        os.mkdir(directory, 0o755)
-    except FileExistsError:
-        pass
-    kernel = ioctls.get_policy(directory)
+    if not read_only:
+        meta.ensure()
+        try:
+            os.mkdir(directory, 0o755)
+        except FileExistsError:
+            pass
+    kernel = ioctls.get_policy(directory) if os.path.isdir(directory) else None
     if kernel is not None:
         _unlock_existing(mount_point, meta, kernel, secret)
+    elif read_only:
+        raise FailedPrecondition(f"{directory} is not set up for encryption and the volume is staged read-only; "
+                                 "stage it read-write once first (a read-only stage never writes)")
     else:
         _set_up(mount_point, meta, directory, secret)
     return directory
@@ -184,6 +188,11 @@ def lock(mount_point: str) -> None:
         raise
     if kernel is not None:
         ioctls.remove_key(mount_point, kernel.identifier)
+
+
+def is_set_up(mount_point: str) -> bool:
+    directory = encrypted_dir(mount_point)
+    return os.path.isdir(directory) and ioctls.get_policy(directory) is not None
 
 
 def is_unlocked(mount_point: str) -> bool:

@@ -129,7 +129,7 @@ def test_default_kms_keeps_nothing_per_volume(kms_driver: DriverProcess, ceph_cl
 @pytest.mark.parametrize("params, fragment", [
     ({"encrypted": "true", "encryptionKMSID": "absent"}, "'absent' is not configured"),
     ({"encrypted": "true", "encryptionKMSID": "odd"}, "type 'kmip', which cephcsi does not support"),
-    ({"encrypted": "true", "encryptionType": "file"}, "only block encryption"),
+    ({"encrypted": "true", "encryptionType": ""}, "is not one of: block, file"),
     ({"encrypted": "true"}, "encryptionPassphrase"),
 ])
 def test_bad_encryption_is_invalid_argument(kms_driver: DriverProcess, ceph_cluster: CephTestCluster,

@@ -53,9 +53,10 @@ def test_parameters_carry_encryption_to_the_node() -> None:
     assert "encrypted" not in VolumeParameters.parse(BASE).volume_context("csi-vol-1", "")
 
 
-def test_file_encryption_is_refused_for_now() -> None:
-    with pytest.raises(InvalidArgument, match="only block encryption"):
-        VolumeParameters.parse({**BASE, "encrypted": "true", "encryptionType": "file"})
+def test_file_encryption_is_accepted_and_passed_to_the_node() -> None:
+    params = VolumeParameters.parse({**BASE, "encrypted": "true", "encryptionType": "file"})
+    assert params.encryption == spec.EncryptionSpec("file", "default")
+    assert params.volume_context("csi-vol-1", "")["encryptionType"] == "file"
 
 
 def test_record_keys_are_ceph_csis() -> None:

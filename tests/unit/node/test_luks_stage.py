@@ -222,13 +222,13 @@ def test_unstage_closes_the_mapping_between_unmount_and_unmap(
     assert not cluster.open and stage_record.load(staging) is None
 
 
-def test_file_encryption_is_refused_before_anything_is_done(tmp_path: os.PathLike[str], device: str,
-                                                            events: Events) -> None:
+def test_file_encryption_of_a_block_volume_is_refused_before_anything_is_done(
+        tmp_path: os.PathLike[str], device: str, events: Events) -> None:
     cluster = Cluster(device, events, "encryptionPrepared")
     stager, runner = make(cluster, events, FakeMapper(device, events))
     with pytest.raises(InvalidArgument) as caught:
         stager.stage(request(staging_dir(tmp_path), kind="file"))
-    assert "encryptionType 'file'" in caught.value.message
+    assert 'encryptionType "file"' in caught.value.message and "Block volume" in caught.value.message
     assert runner.calls == [] and events.log == []
 
 
