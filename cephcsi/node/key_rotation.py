@@ -44,6 +44,9 @@ one of another node or of ceph-csi is waited out.
 The `default` KMS cannot rotate: its passphrase is the StorageClass Secret's encryptionPassphrase,
 the same for every volume of the class, and nothing per volume is kept.
 
+A new slot gets the PBKDF (type, time and memory cost) of the header's own slot, not a fresh
+benchmark: see kdf_options.
+
 Secrets: passphrases reach cryptsetup on stdin (the key that authorises) and in a 0600 file in a
 private directory removed right after the call (the new key of luksAddKey); never argv or logs.
 The wrapped passphrase (`metadata`) goes to `rbd image-meta set` in argv: it is what the image
@@ -59,7 +62,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -84,8 +87,7 @@ BACKUP = 1
 """The slot the KMS's passphrase is copied to while a rotation runs."""
 _RC_NO_KEY = 2
 _ADD_OPTIONS = ("--pbkdf-memory", str(luks.PBKDF_MEMORY_KIB))
-"""The same argon2 memory cap as the header's first slot (cephcsi.node.luks), so every node that
-can open the volume today can open it after a rotation."""
+"""cephcsi's format cap on argon2's memory (cephcsi.node.luks), for a header whose KDF is unknown."""
 
 
 class Keyslots(Protocol):
@@ -168,6 +170,23 @@ def _new_key_file(passphrase: str) -> Iterator[str]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def kdf_options(keyslots: Mapping[int, Mapping[str, object]], target: int) -> list[str]:
+    """cryptsetup options giving a new slot the PBKDF of the header's own (slot 0 or 1 first, not
+    `target`): the same type and cost, no benchmark. A rotation then neither weakens the header nor
+    makes it costlier to open on the nodes that open it today, and a benchmark on a busy node
+    (fewer iterations) cannot pick a weaker cost. An unknown KDF gets cephcsi's format settings."""
+    others = sorted(keyslots.keys() - {target}, key=lambda slot: (slot not in (PRIMARY, BACKUP), slot))
+    kdf = keyslots[others[0]].get("kdf") if others else None
+    if isinstance(kdf, Mapping):
+        kind = kdf.get("type")
+        if kind == "pbkdf2" and isinstance(kdf.get("iterations"), int) and isinstance(kdf.get("hash"), str):
+            return ["--pbkdf", "pbkdf2", "--hash", str(kdf["hash"]), "--pbkdf-force-iterations", str(kdf["iterations"])]
+        if kind in ("argon2i", "argon2id") and all(isinstance(kdf.get(k), int) for k in ("time", "memory", "cpus")):
+            return ["--pbkdf", str(kind), "--pbkdf-force-iterations", str(kdf["time"]),
+                    "--pbkdf-memory", str(kdf["memory"]), "--pbkdf-parallel", str(kdf["cpus"])]
+    return list(_ADD_OPTIONS)
+
+
 @dataclass(frozen=True)
 class CryptsetupSlots:
     """Keyslots of the LUKS2 header on `device`, through cryptsetup."""
@@ -177,14 +196,17 @@ class CryptsetupSlots:
     device: str
     volume_id: str
 
-    def active(self) -> set[int]:
+    def _keyslots(self) -> dict[int, dict[str, object]]:
         result = self.runner(["cryptsetup", "luksDump", "--dump-json-metadata", self.device],
                              what=f"read the LUKS2 keyslots of volume {self.volume_id}", timeout=self.timeout)
         try:
-            return {int(slot) for slot in json.loads(result.stdout)["keyslots"]}
-        except (ValueError, KeyError, TypeError):
+            return {int(slot): dict(value) for slot, value in json.loads(result.stdout)["keyslots"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise Internal(f"cryptsetup printed no LUKS2 keyslots for {self.device} (volume {self.volume_id}); "
                            "is its header LUKS1?") from None
+
+    def active(self) -> set[int]:
+        return set(self._keyslots())
 
     def opens(self, passphrase: str, slot: int | None = None) -> bool:
         argv = ["cryptsetup", "open", "--test-passphrase", "--key-file=-", self.device]
@@ -195,8 +217,9 @@ class CryptsetupSlots:
         return result.returncode == 0
 
     def add(self, existing: str, new: str, slot: int) -> None:
+        options = kdf_options(self._keyslots(), slot)
         with _new_key_file(new) as path:
-            self.runner(["cryptsetup", "luksAddKey", "--key-slot", str(slot), *_ADD_OPTIONS, "--key-file=-",
+            self.runner(["cryptsetup", "luksAddKey", "--key-slot", str(slot), *options, "--key-file=-",
                          self.device, path],
                         what=f"add keyslot {slot} to the LUKS header of volume {self.volume_id}",
                         timeout=self.timeout, stdin=existing, secrets=[existing, new])
