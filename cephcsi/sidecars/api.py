@@ -132,12 +132,7 @@ class KubeApi:
     # ---- helpers -----------------------------------------------------------------------------------
 
     def _call(self, what: str, call: Callable[[], urllib3.BaseHTTPResponse]) -> KubeObject:
-        try:
-            return _decode(call())
-        except CephCSIError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - every client failure is translated
-            raise kubeerrors.translate(exc, what) from exc
+        return call_json(what, call)
 
     def _optional(self, what: str, call: Callable[[], urllib3.BaseHTTPResponse]) -> KubeObject | None:
         try:
@@ -149,6 +144,17 @@ class KubeApi:
 def _remove_finalizer(finalizer: str) -> dict[str, Any]:
     # Strategic merge: ObjectMeta.finalizers is a merge list of strings.
     return {"metadata": {"$deleteFromPrimitiveList/finalizers": [finalizer]}}
+
+
+def call_json(what: str, call: Callable[[], urllib3.BaseHTTPResponse]) -> KubeObject:
+    """One raw (`_preload_content=False`) client call: its JSON body, or the failure translated
+    into the driver's errors with `what` in the message. The sidecars' API classes share it."""
+    try:
+        return _decode(call())
+    except CephCSIError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every client failure is translated
+        raise kubeerrors.translate(exc, what) from exc
 
 
 def _decode(response: urllib3.BaseHTTPResponse) -> KubeObject:

@@ -2,15 +2,13 @@
 and the owner lookup (the controller's Pod, then its controllers up `level` steps)."""
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from typing import Any
 
-import urllib3
 from kubernetes import client as k8s
 
-from cephcsi.errors import CephCSIError, ConfigError, NotFound
-from cephcsi.sidecars import kubeerrors, objects
+from cephcsi.errors import ConfigError, NotFound
+from cephcsi.sidecars import objects
+from cephcsi.sidecars.api import call_json as _call
 from cephcsi.sidecars.objects import KubeObject
 
 # The kinds a Pod's controller chain may hold, and how to read each (apps/v1).
@@ -71,18 +69,3 @@ class CapacityApi:
                             lambda: getattr(self._apps, reader)(name, self.namespace, _preload_content=False))
         return {"apiVersion": api_version, "kind": kind, "name": objects.name(current),
                 "uid": objects.uid(current), "controller": True}
-
-
-def _call(what: str, call: Callable[[], urllib3.BaseHTTPResponse]) -> KubeObject:
-    try:
-        response = call()
-    except CephCSIError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - every client failure is translated
-        raise kubeerrors.translate(exc, what) from exc
-    try:
-        data = response.data
-    finally:
-        response.release_conn()
-    decoded: KubeObject = json.loads(data) if data else {}
-    return decoded

@@ -9,13 +9,12 @@ external-resizer's patches with a resourceVersion check do.
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from kubernetes import client as k8s
 
-from cephcsi.errors import CephCSIError
-from cephcsi.sidecars import kubeerrors, objects
+from cephcsi.sidecars import objects
+from cephcsi.sidecars.api import call_json
 from cephcsi.sidecars.objects import KubeObject
 from cephcsi.sidecars.provisioner.request import format_bytes
 
@@ -41,17 +40,7 @@ class ResizerApi:
         return self._patch(f"/api/v1/persistentvolumes/{name}", body, f'update capacity of PersistentVolume "{name}"')
 
     def _patch(self, path: str, body: dict[str, Any], what: str) -> KubeObject:
-        try:
-            response = self._client.call_api(
-                path, "PATCH", header_params={"Content-Type": _MERGE_PATCH, "Accept": "application/json"},
-                body=body, auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
-            )
-        except CephCSIError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - every client failure is translated
-            raise kubeerrors.translate(exc, what) from exc
-        try:
-            data = response.data
-        finally:
-            response.release_conn()
-        return json.loads(data) if data else {}
+        return call_json(what, lambda: self._client.call_api(
+            path, "PATCH", header_params={"Content-Type": _MERGE_PATCH, "Accept": "application/json"},
+            body=body, auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+        ))
