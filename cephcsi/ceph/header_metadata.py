@@ -14,11 +14,10 @@ from collections.abc import Iterable, Mapping
 
 import rados
 
-from cephcsi.ceph import encoding, image_metadata, images, omap
-from cephcsi.ceph.errors import ceph_call
+from cephcsi.ceph import image_metadata, images, omap
 from cephcsi.errors import NotFound
 
-_PREFIX = "metadata_"
+_PREFIX = image_metadata.METADATA_PREFIX
 
 
 def image_id(io: rados.Ioctx, name: str) -> str:
@@ -30,16 +29,10 @@ def image_id(io: rados.Ioctx, name: str) -> str:
 
 def read(io: rados.Ioctx, name: str, header_id: str) -> dict[str, str]:
     """Every metadata key of the image; NotFound when its header is gone."""
-    with ceph_call("read image metadata", f"image {name!r}"):
-        try:
-            with rados.ReadOpCtx() as op:
-                # Only the metadata keys: other header keys may hold empty values.
-                items, _ = io.get_omap_vals(op, "", _PREFIX, -1)
-                io.operate_read_op(op, f"rbd_header.{header_id}")
-                raw = [(key, bytes(value or b"")) for key, value in items]
-        except rados.ObjectNotFound:
-            raise NotFound(f"image {name!r} does not exist") from None
-    return {key[len(_PREFIX):]: value.decode() for key, value in raw}
+    found = image_metadata.read_header(io, name, header_id)
+    if found is None:
+        raise NotFound(f"image {name!r} does not exist")
+    return found
 
 
 def set_keys(io: rados.Ioctx, name: str, header_id: str, values: Mapping[str, str]) -> None:

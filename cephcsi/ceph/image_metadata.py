@@ -25,21 +25,41 @@ from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)
 
+METADATA_PREFIX = "metadata_"
+"""cls_rbd keeps image metadata in the header's omap under this prefix."""
 CONFIG_PREFIX = "conf_"
 """Metadata keys librbd reads as configuration overrides (and validates when set through it)."""
 
 
 def read(io: rados.Ioctx, name: str, image_id: str = "") -> dict[str, str]:
-    """Every metadata key of the image (a read-only open: no watch, nothing blocks a delete).
-    An image that does not exist has none. With `image_id` the image is opened by id, which
-    also reaches an image in the trash (`cephcsi audit` names the claim a trashed image had)."""
-    what = f"image {name!r}" if not image_id else f"image {name!r} (id {image_id})"
-    with ceph_call("read image metadata", what):
+    """Every metadata key of the image; an image that does not exist has none. With `image_id`
+    the header is found by id, which also reaches an image in the trash (`cephcsi audit` names
+    the claim a trashed image had).
+
+    Read from the header's omap (`metadata_<key>` → the value's bytes), not through librbd's
+    `Image.metadata_list()`: the Python bindings' iterator drops empty values but keeps their
+    keys, so every key after an empty value is paired with the next key's value (seen with the
+    Pacific and Tentacle bindings), and ControllerPublish stores empty values. It is also two
+    small reads instead of an image open."""
+    header_id = image_id or images.lookup_id(io, name)
+    if not header_id:
+        return {}
+    found = read_header(io, name, header_id)
+    return {} if found is None else found
+
+
+def read_header(io: rados.Ioctx, name: str, header_id: str) -> dict[str, str] | None:
+    """Every metadata key on the header `rbd_header.<header_id>`; None when it does not exist."""
+    with ceph_call("read image metadata", f"image {name!r}"):
         try:
-            with rbd.Image(io, None if image_id else name, read_only=True, image_id=image_id or None) as image:
-                return dict(image.metadata_list())
-        except rbd.ImageNotFound:
-            return {}
+            with rados.ReadOpCtx() as op:
+                # Only the metadata keys: other header keys may hold binary values.
+                items, _ = io.get_omap_vals(op, "", METADATA_PREFIX, -1)
+                io.operate_read_op(op, f"rbd_header.{header_id}")
+                raw = [(key, bytes(value or b"")) for key, value in items]
+        except rados.ObjectNotFound:
+            return None
+    return {key[len(METADATA_PREFIX):]: value.decode() for key, value in raw}
 
 
 def ensure(io: rados.Ioctx, name: str, wanted: Mapping[str, str], known_empty: bool = False) -> None:

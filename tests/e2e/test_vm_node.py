@@ -323,42 +323,18 @@ def wait_kms_config(e2e: E2EEnv, pod: dict[str, Any]) -> None:
         DEPLOY_NAMESPACE, name, f"cat {KMS_FILE} 2>/dev/null || true"), scaled(120), interval=2.0)
 
 
-KNOWN_SNAPSHOT_BUG = "is not ceph-csi's {\"dek\",\"nonce\"} JSON"
-"""CreateSnapshot of a published encrypted volume, as of 2026-11-27: ControllerPublishVolume
-leaves `.rbd.csi.ceph.com/clientaddress/<volume>/<node>` = "" in the image metadata, and
-librbd's Python binding (Pacific and Tentacle) drops empty values in Image.metadata_list(),
-pairing every later key with the next key's value, so the controller reads the state where
-the wrapped passphrase is (cephcsi/ceph/image_metadata.read)."""
-KNOWN_SNAPSHOT_BUG_SUMMARY = ("an empty image-metadata value (the clientaddress key ControllerPublish writes) "
-                              "shifts Image.metadata_list()'s values, so image_metadata.read() misreads the dek")
-
-
 def create_snapshot(e2e: E2EEnv, namespace: str, claim: str, snapshot_class: str) -> str:
-    """A VolumeSnapshot `snap` of the claim, readyToUse; its content's name. '' (and no
-    VolumeSnapshot left) when CreateSnapshot fails with KNOWN_SNAPSHOT_BUG."""
+    """A VolumeSnapshot `snap` of the claim, readyToUse; its content's name."""
     custom = kubernetes.client.CustomObjectsApi(e2e.kube.api)
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "volumesnapshots", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "VolumeSnapshot", "metadata": {"name": "snap"},
         "spec": {"volumeSnapshotClassName": snapshot_class, "source": {"persistentVolumeClaimName": claim}}})
-
-    def outcome() -> str | None:
-        status = snapshot(custom, namespace, "snap").get("status") or {}
-        if status.get("readyToUse") is True:
-            return "ready"
-        bound = status.get("boundVolumeSnapshotContentName")
-        # The failure is reported on the content (cluster-scoped: its events are in `default`).
-        if bound and KNOWN_SNAPSHOT_BUG in e2e.kube.events("default", bound):
-            return "known bug"
-        return None
-
-    found = wait_for("VolumeSnapshot readyToUse", outcome, READY_TIMEOUT, interval=1.0,
-                     explain=lambda: f"{snapshot(custom, namespace, 'snap').get('status')}\n"
-                                     f"{e2e.kube.events(namespace, 'snap')}\n{controller_logs(e2e)}")
-    content_name = str(snapshot(custom, namespace, "snap")["status"]["boundVolumeSnapshotContentName"])
-    if found == "ready":
-        return content_name
-    delete_snapshot(e2e, namespace, content_name)
-    return ""
+    wait_for("VolumeSnapshot readyToUse",
+             lambda: (snapshot(custom, namespace, "snap").get("status") or {}).get("readyToUse") is True,
+             READY_TIMEOUT, interval=1.0,
+             explain=lambda: f"{snapshot(custom, namespace, 'snap').get('status')}\n"
+                             f"{e2e.kube.events(namespace, 'snap')}\n{controller_logs(e2e)}")
+    return str(snapshot(custom, namespace, "snap")["status"]["boundVolumeSnapshotContentName"])
 
 
 def delete_snapshot(e2e: E2EEnv, namespace: str, content_name: str) -> None:
@@ -442,7 +418,7 @@ def test_claim_grows_online_under_a_pod_on_the_vm_node(e2e: E2EEnv, vm_kube: VmK
     kube.delete_pod(namespace, "app", timeout=scaled(120))
     # The pod object goes once the kubelet has unpublished; it unstages (unmount, close, unmap) after.
     wait_vm_clean(vm)
-    if luks and content_name:
+    if luks:
         restore_and_read(e2e, vm_kube, namespace, luks, token, passphrase)
         delete_snapshot(e2e, namespace, content_name)
     if luks:
@@ -452,15 +428,6 @@ def test_claim_grows_online_under_a_pod_on_the_vm_node(e2e: E2EEnv, vm_kube: VmK
             assert text.strip(), f"no log from {name}"
             assert luks.passphrase not in text, f"the class Secret's encryptionPassphrase is in {name}'s log"
             assert passphrase not in text, f"the volume's LUKS passphrase is in {name}'s log"
-    if luks and not content_name:
-        # The failed CreateSnapshot left its clone of the source, which keeps the deleted
-        # source image in the RBD trash: only the claim, PV and journal can be checked here.
-        kube.delete_pvc(namespace, "data")
-        kube.wait_pv_gone(pv["metadata"]["name"])
-        wait_for("the journal of the claim gone", lambda: not ceph_volume(e2e.ceph, pv).record_exists, 90.0)
-        # Everything else of the flow passed; the snapshot and restore did not run.
-        pytest.xfail(f"CreateSnapshot of the published encrypted claim failed with the known bug: "
-                     f"{KNOWN_SNAPSHOT_BUG_SUMMARY}")
     delete_claim(e2e, namespace, "data", pv)
 
 

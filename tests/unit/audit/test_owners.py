@@ -1,6 +1,6 @@
 """The claim an image belongs to (its `--extra-create-metadata` owner keys) on audit findings
 and in the `--list-images` listing: which images are read, how the owner is attached, and how
-the table and the JSON show it. The metadata reader is exercised with a fake librbd image."""
+the table and the JSON show it."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-import rbd
 
 from cephcsi.audit import owners, report, scan
 from cephcsi.audit.classify import classify
@@ -107,20 +106,6 @@ def test_the_listing_names_the_contents_of_a_snapshot_image() -> None:
     assert listed[snap_image]["contents"] == ["snapcontent-a", "snapcontent-b"] and listed[IMG1]["contents"] == []
 
 
-class FakeImage:
-    def __init__(self, values: dict[str, str]) -> None:
-        self.values = values
-
-    def __enter__(self) -> FakeImage:
-        return self
-
-    def __exit__(self, *args: Any) -> None:
-        return None
-
-    def metadata_list(self) -> list[tuple[str, str]]:
-        return list(self.values.items())
-
-
 def test_metadata_is_read_by_id_and_failures_become_notes(monkeypatch: pytest.MonkeyPatch) -> None:
     opened: list[tuple[Any, ...]] = []
 
@@ -134,20 +119,6 @@ def test_metadata_is_read_by_id_and_failures_become_notes(monkeypatch: pytest.Mo
     found, notes = scan.read_owners(None, [(IMG2, "id2"), (IMG1, "id1"), ("x", "bad")])  # type: ignore[arg-type]
     assert found == {"id2": OWNER} and opened == [(IMG2, "id2"), (IMG1, "id1"), ("x", "bad")]
     assert len(notes) == 1 and "'x'" in notes[0] and "timed out" in notes[0]
-
-
-def test_image_metadata_read_opens_by_id_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[dict[str, Any]] = []
-
-    def image(io: Any, name: str | None = None, read_only: bool = False, image_id: str | None = None) -> FakeImage:
-        calls.append({"name": name, "read_only": read_only, "image_id": image_id})
-        return FakeImage(META)
-
-    monkeypatch.setattr(rbd, "Image", image)
-    assert image_metadata.read(None, IMG2, image_id="id2") == META  # type: ignore[arg-type]
-    assert image_metadata.read(None, IMG2) == META  # type: ignore[arg-type]
-    assert calls == [{"name": None, "read_only": True, "image_id": "id2"},
-                     {"name": IMG2, "read_only": True, "image_id": None}]
 
 
 def _result(images: bool = False) -> report.AuditResult:
