@@ -77,6 +77,23 @@ def ours(content: Mapping[str, Any], driver_name: str) -> bool:
     return objects.spec(content).get("driver") == driver_name
 
 
+def only_own_bookkeeping(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether an update changed nothing but what the worker itself writes around a failed
+    attempt: the being-created annotation (set before each CreateSnapshot, dropped after a final
+    error) and status.error. Such an event must not re-queue the content: the queue's `add`
+    bypasses the rate limiter, so every failing attempt would start the next at once (about ten
+    a second) instead of after the item's backoff."""
+    def significant(content: Mapping[str, Any]) -> tuple[Any, ...]:
+        meta = dict(objects.meta(content))
+        annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != BEING_CREATED}
+        for key in ("resourceVersion", "managedFields", "annotations", "generation"):
+            meta.pop(key, None)
+        status = {k: v for k, v in (content.get("status") or {}).items() if k != "error"}
+        rest = {k: v for k, v in content.items() if k not in ("metadata", "status")}
+        return (meta, annotations, status, rest)
+    return significant(old) == significant(new)
+
+
 def should_delete(content: Mapping[str, Any]) -> bool:
     """csi-snapshotter's shouldDelete: only once the snapshot-controller asked for it."""
     if not objects.deleting(content):

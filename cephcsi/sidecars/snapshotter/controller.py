@@ -27,7 +27,7 @@ from cephcsi.observability.logging import fields
 from cephcsi.sidecars import kubeerrors, objects
 from cephcsi.sidecars.objects import KubeObject
 from cephcsi.sidecars.snapshotter.api import GROUP
-from cephcsi.sidecars.snapshotter.content import ContentWorker, SnapshotterContext, ours
+from cephcsi.sidecars.snapshotter.content import ContentWorker, SnapshotterContext, only_own_bookkeeping, ours
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +109,13 @@ class SnapshotterLoop:
             if ours(content, driver):
                 queue.add(objects.name(content))
 
+        def updated(old: KubeObject, new: KubeObject) -> None:
+            # `old is new` is a resync: always worth a pass.
+            if old is new or not only_own_bookkeeping(old, new):
+                changed(new)
+
         self._registration = self.ctx.contents.add_handler(EventHandler(
-            on_add=changed, on_update=lambda _old, new: changed(new), resync_period=self.resync))
+            on_add=changed, on_update=updated, resync_period=self.resync))
         self._pool = pool
         log.info("snapshotter started", extra=fields(workers=self.workers, driver=driver))
 

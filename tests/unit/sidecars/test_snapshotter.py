@@ -1,6 +1,7 @@
 """The embedded snapshotter's pure rules (csi-snapshotter's) and the provisioner's data sources."""
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -117,3 +118,19 @@ def test_snapshotter_idles_without_the_crds_and_starts_when_they_appear(caplog: 
     assert loop._pool is not None, "workers start once the CRDs are served"
     stop.set()
     assert loop.stop(timeout=5.0)
+
+
+def test_only_the_workers_own_failure_bookkeeping_does_not_requeue() -> None:
+    base: dict[str, Any] = {"metadata": {"name": "c", "resourceVersion": "1", "annotations": {"keep": "x"}},
+                            "spec": {"driver": "d", "deletionPolicy": "Delete"}, "status": {"readyToUse": False}}
+    marked = copy.deepcopy(base)
+    marked["metadata"]["resourceVersion"] = "2"
+    marked["metadata"]["annotations"][c.BEING_CREATED] = "yes"
+    marked["status"]["error"] = {"time": "t", "message": "m"}
+    assert c.only_own_bookkeeping(base, marked) and c.only_own_bookkeeping(marked, base)
+    for change in ({"spec": {"driver": "d", "deletionPolicy": "Retain"}},
+                   {"status": {"readyToUse": True}},
+                   {"metadata": {"name": "c", "annotations": {"keep": "y"}}},
+                   {"metadata": {"name": "c", "annotations": {"keep": "x"}, "deletionTimestamp": "now"}}):
+        other = {**copy.deepcopy(base), **change}
+        assert not c.only_own_bookkeeping(base, other), change
