@@ -21,8 +21,8 @@ import logging
 from collections.abc import Callable
 
 from cephcsi.encryption import volume_keys
-from cephcsi.encryption.spec import BLOCK, EncryptionSpec
-from cephcsi.errors import FailedPrecondition, InvalidArgument
+from cephcsi.encryption.spec import EncryptionSpec
+from cephcsi.errors import FailedPrecondition
 from cephcsi.node import devices, luks
 from cephcsi.node.image_meta import RbdImageMetadata
 from cephcsi.node.journal_owner import JournalOwner
@@ -32,15 +32,6 @@ from cephcsi.node.stage_record import StageRecord
 from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)
-
-
-def check_supported(spec: EncryptionSpec | None) -> None:
-    """INVALID_ARGUMENT for an encryption the node does not do (fscrypt, `encryptionType: file`)."""
-    if spec is not None and spec.type != BLOCK:
-        raise InvalidArgument(
-            f"encryptionType {spec.type!r} is not supported by this node plugin (only \"block\", LUKS2); "
-            "use a StorageClass with encryptionType: block"
-        )
 
 
 class LuksStage:

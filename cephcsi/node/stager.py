@@ -27,7 +27,7 @@ from cephcsi.config.read_affinity import ReadAffinity
 from cephcsi.encryption.spec import BLOCK, FILE
 from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, OperationInFlight
 from cephcsi.node import devices, filesystems, legacy_stage, luks, mounts, rederive, stage_record
-from cephcsi.node.encrypted_stage import LuksStage, check_supported
+from cephcsi.node.encrypted_stage import LuksStage
 from cephcsi.node.exec import Runner
 from cephcsi.node.fscrypt.stage import FileStage
 from cephcsi.node.image_meta import RbdImageMetadata
@@ -478,8 +478,7 @@ def _check_encryption(request: StageRequest) -> None:
     """ceph-csi's limits: file encryption needs a filesystem volume (a Block claim is refused,
     as ceph-csi refuses it) on ext4, the filesystem fscrypt works on here."""
     if not _is(request, FILE):
-        check_supported(request.encryption)
-        return
+        return  # the type itself was validated with the volume context (encryption.spec)
     if request.access.block:
         raise InvalidArgument("encryptionType \"file\" (fscrypt) encrypts files in a filesystem; a Block volume "
                               "cannot use it: use encryptionType \"block\" for Block volumes")
