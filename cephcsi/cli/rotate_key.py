@@ -26,6 +26,7 @@ from typing import NoReturn
 
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.cli.args import _Parser, _positive
+from cephcsi.cli.kms_secrets import LazyKubeReader
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.encryption import kms_config
 from cephcsi.encryption.spec import BLOCK, DEFAULT_KMS_ID, EncryptionSpec
@@ -33,6 +34,7 @@ from cephcsi.encryption.volume_keys import VolumeKeys, new_passphrase
 from cephcsi.errors import CephCSIError, InvalidArgument
 from cephcsi.node import exec as node_exec
 from cephcsi.node.image_meta import RbdImageMetadata
+from cephcsi.node.journal_owner import JournalOwner
 from cephcsi.node.key_rotation import (
     ClusterLock,
     CryptsetupSlots,
@@ -110,8 +112,11 @@ def run(a: argparse.Namespace, secrets: Mapping[str, str]) -> str:
     credentials = Credentials.from_secrets(secrets)
     cluster = ClusterRegistry(a.config_file).get(record.cluster_id)
     metadata = RbdImageMetadata(node_exec.run, a.command_timeout, record.image_spec, cluster.mon_host, credentials)
-    keys = VolumeKeys(a.kms_config, namespace=os.environ.get("POD_NAMESPACE", ""))
-    kms = keys.kms(spec, secrets)
+    # The KMS as NodeStage builds it: Secrets and ConfigMaps through the API (in-cluster, on the
+    # first read a KMS asks for) and the tenant from the volume's journal record.
+    keys = VolumeKeys(a.kms_config, secret_reader=LazyKubeReader(),
+                      namespace=os.environ.get("POD_NAMESPACE", ""))
+    kms = keys.kms(spec, secrets, JournalOwner.beside(metadata).read(a.volume_id))
     cluster_lock = ClusterLock(node_exec.run, a.command_timeout, record.image_spec, cluster.mon_host, credentials,
                                a.volume_id, socket.gethostname())
     try:

@@ -327,6 +327,9 @@ class SnapshotManager:
                     # while restored volumes still read through the image.
                     self.volumes._remove_image(session, io, pool, snapshots, record)
                     failpoints.reach("snapshot.delete.after-image")
+                    # The passphrase _rekey kept for the snapshot's own id (a KMS that keeps
+                    # keys, such as vault); while the record lasts a retry still knows its KMS.
+                    self.volumes.encryption.remove(record, snapshot_id_text, secrets)
                     snapshots.release_name(record.name, record.uuid)
                     snapshots.remove_record(record.uuid)
         log.info("snapshot deleted", extra=fields(snapshot_id=snapshot_id_text))

@@ -3,6 +3,7 @@ and building one for a call."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -79,17 +80,26 @@ def build(kms_id: str, settings: Mapping[str, Any], secrets: Mapping[str, str], 
 
 
 _loaded = False
+_LOAD_LOCK = threading.Lock()
 _BROKEN: dict[str, str] = {}
 """KMS modules that failed to import (a missing dependency): module → error."""
 
 
 def _load_builtin() -> None:
     """Import every module of cephcsi.encryption.kms once (each type registers itself there), so
-    a caller of the registry never depends on import order."""
+    a caller of the registry never depends on import order. Under a lock, and marked loaded only
+    afterwards: a concurrent first call must not see a half-filled registry and refuse a type
+    that is still being imported as unknown."""
     global _loaded
     if _loaded:
         return
-    _loaded = True
+    with _LOAD_LOCK:
+        if not _loaded:
+            _import_all()
+            _loaded = True
+
+
+def _import_all() -> None:
     import importlib
     import pkgutil
 

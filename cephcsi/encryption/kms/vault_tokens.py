@@ -95,8 +95,9 @@ class VaultTokensKms(Kms):
                 raise InvalidArgument(f"{self.describe()}: {key} (TLS client certificates) is not supported by "
                                       "cephcsi yet; authenticate with the tenant's token only")
         ca_pem = self._ca_pem() if self.options.ca_from_secret else None
+        token = self._token()  # before VaultKv writes its CA file: a missing token leaks none
         self.kv = VaultKv(self.kms_id, KMS_TYPE, self.options, ca_pem=ca_pem)
-        self.kv.set_token(self._token())
+        self.kv.set_token(token)
 
     def _apply(self, base: VaultOptions | None, config: Mapping[str, Any]) -> VaultOptions:
         options = apply_options(self.kms_id, base, config)

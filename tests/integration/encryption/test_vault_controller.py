@@ -1,7 +1,7 @@
 """Encrypted CreateVolume/DeleteVolume with the `vault` KMS on the real Ceph cluster and a real
 Vault: the passphrase lands in Vault under ceph-csi's path (not in the image metadata), a retried
-CreateVolume keeps it, a clone gets the same passphrase under its own id, DeleteVolume destroys
-them, and neither the token nor a passphrase reaches the driver's log."""
+CreateVolume keeps it, a clone, a snapshot and its restore get the same passphrase under their
+own ids, DeleteVolume and DeleteSnapshot destroy them, and neither the token nor a passphrase reaches the driver's log."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ import pytest
 
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.helpers import create_request, image_of
-from tests.integration.controller.snapshot_helpers import delete_all, from_volume
+from tests.integration.controller.snapshot_helpers import delete_all, from_snapshot, from_volume, snapshot_request
 from tests.integration.driver import DriverProcess
 from tests.integration.encryption.vault_server import VaultServer
 
@@ -81,8 +81,18 @@ def test_vault_kms_create_clone_delete(vault_driver: DriverProcess, ceph_cluster
     clone = ctl.CreateVolume(clone_request).volume
     assert kept(vault_server, clone.volume_id) == passphrase
 
-    delete_all(vault_driver, ceph_cluster, [], [clone.volume_id, volume.volume_id])
-    for volume_id in (volume.volume_id, clone.volume_id):
-        assert vault_server.api("GET", f"secret/metadata/e2e/{volume_id}")[0] == 404
+    # A snapshot keeps the passphrase under its own id (restores read it there), and
+    # DeleteSnapshot destroys it once the snapshot image is gone, as DeleteVolume does.
+    snapshot = ctl.CreateSnapshot(snapshot_request(ceph_cluster, volume.volume_id)).snapshot
+    assert kept(vault_server, snapshot.snapshot_id) == passphrase
+    restore_request = from_snapshot(ceph_cluster, snapshot.snapshot_id, name="pvc-vault-restore")
+    restore_request.parameters.update(encrypted="true", encryptionKMSID="vault-e2e")
+    restore = ctl.CreateVolume(restore_request).volume
+    assert kept(vault_server, restore.volume_id) == passphrase
+
+    delete_all(vault_driver, ceph_cluster, [snapshot.snapshot_id],
+               [restore.volume_id, clone.volume_id, volume.volume_id])
+    for volume_id in (volume.volume_id, clone.volume_id, snapshot.snapshot_id, restore.volume_id):
+        assert vault_server.api("GET", f"secret/metadata/e2e/{volume_id}")[0] == 404, volume_id
     log = Path(vault_driver.log_path).read_text()
     assert vault_token not in log and passphrase not in log
