@@ -161,11 +161,16 @@ class VolumeKeys:
         written again on a retry. The wrapped copy librbd carried over from the source's
         metadata is replaced (it is wrapped for the source's id, not the target's)."""
         passphrase = self.passphrase(source, source_spec, secrets, tenant)
-        source_state = state_of(image_metadata.read(source.io, source.image_name)) or PREPARED
+        inherited = image_metadata.read(target.io, target.image_name)
+        # The state librbd copied with the rest of the metadata is the source's when the clone
+        # was cut: the source may have been formatted since ("encrypted"), while the clone's data
+        # is what it was then (no LUKS header yet, "encryptionPrepared").
+        source_state = (state_of(inherited) or state_of(image_metadata.read(source.io, source.image_name))
+                        or PREPARED)
         kms = self.kms(target_spec, secrets, tenant)
         try:
             if kms.dek_in_image:
-                current = wrapped_dek_of(image_metadata.read(target.io, target.image_name))
+                current = wrapped_dek_of(inherited)
                 if not current or _unwraps_to(kms, target.volume_id, current) != passphrase:
                     image_metadata.ensure(target.io, target.image_name,
                                           {DEK_KEY: kms.wrap(target.volume_id, passphrase)})

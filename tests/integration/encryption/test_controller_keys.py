@@ -179,6 +179,39 @@ def test_a_create_killed_around_the_key_is_settled_by_its_retry(ceph_cluster: Ce
         retry.cleanup()
 
 
+def test_a_clone_keeps_the_state_its_data_was_cut_with(ceph_cluster: CephTestCluster, tmp_path: Path) -> None:
+    """A clone cut while its source was still blank ("encryptionPrepared"), whose create was
+    killed before the key step, while the source was then formatted by a node ("encrypted"):
+    the retry keeps the clone "encryptionPrepared" (what librbd copied with its data), so its
+    first stage formats it instead of refusing a device without a LUKS header for ever."""
+    config = ceph_cluster.write_config(tmp_path / "config.json")
+    kms = tmp_path / "kms.json"
+    kms.write_text(json.dumps({"meta": {"encryptionKMSType": "metadata"}}))
+    args = [f"--kms-config={kms}", "--journal-lock-timeout=2s"]
+    retry = DriverProcess(config, mode="controller", args=args)
+    retry.start()
+    try:
+        source = retry.controller.CreateVolume(encrypted_request(ceph_cluster, "pvc-enc-state-src")).volume
+        clone_request = from_volume(ceph_cluster, source.volume_id, name="pvc-enc-state-clone")
+        clone_request.parameters.update(encrypted="true", encryptionKMSID="meta")
+        clone_request.secrets["encryptionPassphrase"] = KEK
+        doomed = DriverProcess(config, mode="controller", args=args, env={"CEPHCSI_FAILPOINTS": "clone.after-clone"})
+        doomed.start()
+        try:
+            with pytest.raises(grpc.RpcError):
+                doomed.controller.CreateVolume(clone_request)
+            assert doomed.process is not None and doomed.process.wait(timeout=30) == -9
+        finally:
+            doomed.cleanup()
+        ceph_cluster.admin("rbd", "image-meta", "set", f"{ceph_cluster.pool}/{image_of(source.volume_id)}",
+                           "rbd.csi.ceph.com/encrypted", "encrypted")  # what a node's first stage does
+        clone = until_ok(lambda: retry.controller.CreateVolume(clone_request).volume)
+        assert meta(ceph_cluster, image_of(clone.volume_id))["rbd.csi.ceph.com/encrypted"] == "encryptionPrepared"
+        delete_all(retry, ceph_cluster, [], [clone.volume_id, source.volume_id])
+    finally:
+        retry.cleanup()
+
+
 @pytest.mark.parametrize("dek_key", ["rbd.csi.ceph.com/dek", ".rbd.csi.ceph.com/dek"], ids=["current", "old-key"])
 def test_a_volume_ceph_csi_encrypted_is_cloned_with_its_passphrase(kms_driver: DriverProcess,
                                                                    ceph_cluster: CephTestCluster, dek_key: str) -> None:
