@@ -4,6 +4,7 @@ embedded sidecars a class cannot be read (no credentials), an empty request is 0
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 
@@ -57,6 +58,13 @@ def spare_pool(ceph_cluster: CephTestCluster) -> Iterator[str]:
     name = f"cap-{uuid.uuid4().hex[:6]}"
     ceph_cluster.admin("ceph", "osd", "pool", "create", name, "8", "8", "replicated")
     try:
+        # `ceph df` is the mgr's digest of the OSDs' reports: a new pool shows there a few
+        # seconds after it exists (longer on a loaded machine).
+        deadline = time.monotonic() + 90
+        while not any(p["name"] == name for p in json.loads(
+                ceph_cluster.admin("ceph", "df", "--format", "json"))["pools"]):
+            assert time.monotonic() < deadline, f"pool {name} never showed in `ceph df`"
+            time.sleep(1)
         yield name
     finally:
         ceph_cluster.admin("ceph", "osd", "pool", "rm", name, name, "--yes-i-really-really-mean-it")
