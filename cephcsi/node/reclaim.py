@@ -1,0 +1,96 @@
+"""The node half of reclaiming space: `fstrim` on a staged filesystem volume, so the blocks its
+filesystem freed are discarded down to RADOS (krbd and rbd-nbd pass discards to librbd, which
+deallocates or zeroes the object ranges). docs/reclaim-space.md.
+
+What is trimmed, as ceph-csi's NodeReclaimSpace decides:
+- a filesystem volume staged read-write: `fstrim` on its staging mount (`<staging>/fs`), after
+  checking that the path is a mount of the volume's own device — fstrim on a directory that is not
+  a mount point would trim whatever filesystem holds it (the node's kubelet disk);
+- a Block volume: nothing. Only the application knows which of its ranges are free; a
+  `blkdiscard` of the device would destroy its data. Its zeroed objects come back through the
+  controller's sparsify once no node uses it (cephcsi.ceph.sparsify);
+- a volume staged read-only: nothing (a read-only mount cannot be trimmed, and another node may
+  be writing it).
+
+Exclusion: the trim holds the node's per-volume lock (NodeService.volume_locks) non-blocking, so
+it never runs while the volume is being staged, unstaged, expanded or published; a busy volume is
+skipped and tried again on the next pass. Mount options keep `discard` off by default (the
+StorageClass's mountOptions may add it): online discard costs every delete, a periodic trim once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+
+from prometheus_client import Counter
+
+from cephcsi.node import exec as node_exec, mounts, stage_record
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
+
+TRIMMED_BYTES = Counter(
+    "cephcsi_node_trimmed_bytes_total",
+    "Bytes fstrim discarded on staged volumes of this node (freed filesystem blocks handed back to RADOS).",
+)
+TRIMS = Counter("cephcsi_node_trims_total", "Node trims of staged volumes, by outcome.", ["outcome"])
+
+_TRIMMED = re.compile(r"\((\d+) bytes\) trimmed|(\d+) bytes were trimmed|:\s*(\d+) bytes trimmed")
+
+TRIMMED, SKIPPED = "trimmed", "skipped"
+
+
+@dataclass(frozen=True)
+class TrimResult:
+    volume_id: str
+    outcome: str
+    """trimmed | skipped."""
+    trimmed_bytes: int = 0
+    reason: str = ""
+
+
+def trimmed_bytes(stdout: str) -> int:
+    """fstrim -v's count (util-linux prints `<path>: 1.2 GiB (1288490188 bytes) trimmed`)."""
+    found = _TRIMMED.search(stdout)
+    if found is None:
+        return 0
+    return int(next(group for group in found.groups() if group is not None))
+
+
+def why_not(record: stage_record.StageRecord) -> str:
+    """Why a staged volume is not trimmed on the node ('' when it is)."""
+    if not record.staged:
+        return "not completely staged"
+    if record.access_type != stage_record.ACCESS_MOUNT:
+        return "a Block volume: only the application knows its free ranges (the controller sparsifies it when unused)"
+    if record.read_only:
+        return "staged read-only"
+    return ""
+
+
+def trim(record: stage_record.StageRecord, runner: node_exec.Runner, timeout: float,
+         table: list[mounts.MountEntry] | None = None) -> TrimResult:
+    """fstrim the volume's staging mount. The caller holds the volume's lock."""
+    reason = why_not(record)
+    if reason:
+        return _done(TrimResult(record.volume_id, SKIPPED, reason=reason))
+    path = record.mount_path
+    entry = mounts.top_mount(path, table if table is not None else mounts.read_mounts())
+    if entry is None or os.path.realpath(entry.mount_point) != os.path.realpath(path):
+        return _done(TrimResult(record.volume_id, SKIPPED, reason=f"{path} is not mounted; stage the volume again"))
+    if "ro" in entry.options:
+        return _done(TrimResult(record.volume_id, SKIPPED, reason="mounted read-only"))
+    result = runner(["fstrim", "-v", path], what=f"trim the filesystem of volume {record.volume_id}", timeout=timeout)
+    done = TrimResult(record.volume_id, TRIMMED, trimmed_bytes(result.stdout))
+    TRIMMED_BYTES.inc(done.trimmed_bytes)
+    log.info("volume trimmed", extra=fields(volume_id=record.volume_id, path=path, trimmed=done.trimmed_bytes))
+    return _done(done)
+
+
+def _done(result: TrimResult) -> TrimResult:
+    TRIMS.labels(result.outcome).inc()
+    if result.outcome == SKIPPED:
+        log.debug("volume not trimmed", extra=fields(volume_id=result.volume_id, reason=result.reason))
+    return result
