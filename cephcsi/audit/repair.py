@@ -29,13 +29,13 @@ import rbd
 
 from cephcsi.audit.model import Finding, Fix, JournalType, Kind, Outcome, Repair, Snapshot
 from cephcsi.audit.scan import decode_deferment
-from cephcsi.ceph import image_create, image_metadata, images, imagestate, layering, omap, trash
+from cephcsi.ceph import dependents, image_create, image_metadata, images, imagestate, layering, omap, trash
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.ceph.imagestate import ImageState, TrashState
 from cephcsi.errors import CephCSIError, OperationInFlight
 from cephcsi.observability.logging import fields
-from cephcsi.volumes import dependents, split_journal
+from cephcsi.volumes import split_journal
 from cephcsi.volumes.journal import Hold, Journal
 
 log = logging.getLogger(__name__)

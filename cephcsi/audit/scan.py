@@ -29,13 +29,13 @@ from cephcsi.audit.model import (
     Snapshot,
     TrashView,
 )
-from cephcsi.ceph import encoding, image_metadata, images, imagestate, omap
+from cephcsi.ceph import dependents, encoding, image_metadata, images, imagestate, omap
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import CephCSIError, Internal
 from cephcsi.encryption import volume_keys
 from cephcsi.observability.logging import fields
-from cephcsi.volumes import dependents, split_journal
+from cephcsi.volumes import split_journal
 from cephcsi.volumes.journal import (
     IMAGE_ID,
     IMAGE_NAME,

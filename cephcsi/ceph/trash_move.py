@@ -6,7 +6,7 @@ and a watch), reads its mirroring state, takes its exclusive lock if it has one,
 only then writes the move: a trash entry in state MOVING, the id object and the directory entry
 removed, the entry set NORMAL, and a notify on `rbd_trash`. A delete has already read
 everything the open is for — the id, that no client watches the header and that it has no
-snapshots (`volumes.dependents.HeaderProbe`) — so what is left is its features and mirroring
+snapshots (`dependents.HeaderProbe`) — so what is left is its features and mirroring
 state, read here in the same round trip as those (`Eligibility`), and the writes.
 
 What is written is what librbd writes (compared byte for byte on the releases in

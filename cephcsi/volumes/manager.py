@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import rados
 
-from cephcsi.ceph import image_access, image_create, image_metadata, images, imagestate, omap, trash
+from cephcsi.ceph import dependents, image_access, image_create, image_metadata, images, imagestate, omap, trash
 from cephcsi.ceph.connection import ConnectionCache, Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.leases import LeaseKeeper
@@ -24,7 +24,7 @@ from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
 from cephcsi.encryption import volume_keys
 from cephcsi.encryption.volume_keys import VolumeKeys
-from cephcsi.volumes import clones, dependents, failpoints, new_images, split_journal
+from cephcsi.volumes import clones, failpoints, new_images, split_journal
 from cephcsi.volumes.encrypted import OWNER_KEY, Encryption
 from cephcsi.volumes.capacity import fits
 from cephcsi.volumes.journal import PLANNED_IMAGE_ID, VOLUMES, Claim, Hold, Journal, Record, pending_metadata_values

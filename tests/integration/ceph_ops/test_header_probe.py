@@ -1,4 +1,4 @@
-"""The delete path's header probe (cephcsi.volumes.dependents.HeaderProbe) against a real OSD and
+"""The delete path's header probe (cephcsi.ceph.dependents.HeaderProbe) against a real OSD and
 real librbd watchers: it may only ever say "unused, no snapshots" when a read-only open would say
 the same; every other case must fall back to the open (None)."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import rados
 import rbd
 
-from cephcsi.volumes import dependents
+from cephcsi.ceph import dependents
 from tests.ceph.fixtures import CephTestCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]

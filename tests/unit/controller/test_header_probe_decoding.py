@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from cephcsi.ceph.batch import UNKNOWN_NOTIFY
-from cephcsi.volumes import dependents
+from cephcsi.ceph import dependents
 
 pytestmark = pytest.mark.unit
 
