@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import rados
 
-from cephcsi.ceph import dependents, image_access, image_create, image_metadata, images, imagestate, omap, trash
+from cephcsi.ceph import dependents, image_access, image_ensure, image_metadata, images, imagestate, omap, trash
 from cephcsi.ceph.connection import ConnectionCache, Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.leases import LeaseKeeper
@@ -133,9 +133,9 @@ class VolumeManager:
                             return self._adopt_split(session, io, request, uuid, value)
                     failpoints.reach("create.after-reserve")
                     # A new image of a plain layout is written by hand under an id journaled
-                    # with the record (cephcsi.ceph.image_create); else librbd makes it.
+                    # with the record (cephcsi.ceph.image_ensure); else librbd makes it.
                     order = new_images.hand_order(session, io, request) if fresh else None
-                    planned = {PLANNED_IMAGE_ID: image_create.new_image_id()} if order is not None else {}
+                    planned = {PLANNED_IMAGE_ID: image_ensure.plan_id()} if order is not None else {}
                     claim = Claim(request.name, f"{params.name_prefix}{uuid}",
                                   {**clones.record_values(request.source), **pending, **planned, **encrypted})
                     # A uuid this call just reserved has no record yet: the hold writes it.
@@ -361,7 +361,7 @@ class VolumeManager:
         or librbd's inside one call) left it in; see cephcsi.ceph.imagestate for the states."""
         known_id = record.image_id
         planned = record.unjournaled_planned_id
-        if planned and image_create.settle(io, record.image_name, planned):
+        if planned and image_ensure.settle_planned(io, record.image_name, planned):
             # A create killed before its release: the image it wrote is complete (else what it
             # wrote is gone now).
             known_id = planned
