@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeAlias, TypeVar
 
 import rados
 import rbd
@@ -22,6 +22,16 @@ from cephcsi.ceph.connection import Session
 from cephcsi.ceph.imagestate import ImageState
 
 T = TypeVar("T")
+
+Image: TypeAlias = rbd.Image
+"""An open librbd image as cephcsi.volumes holds one across several steps; the steps themselves
+are this module's and cephcsi.ceph.layering's functions."""
+
+
+def open_image(io: rados.Ioctx, name: str, *, read_only: bool = False) -> Image:
+    """Image `name` opened (a read-write open registers a watch); the caller closes it (`with`)
+    inside its `ceph_call`, which translates a missing image."""
+    return rbd.Image(io, name, read_only=read_only)
 
 
 def if_exists(io: rados.Ioctx, use: Callable[[rbd.Image], T], name: str, *, read_only: bool = False) -> T | None:

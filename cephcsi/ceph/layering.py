@@ -114,6 +114,15 @@ def open_by_id(io: rados.Ioctx, image_id: str) -> rbd.Image:
     return rbd.Image(io, image_id=image_id, read_only=True)
 
 
+def children_at(image: rbd.Image, snap_id: int) -> list[dict[str, object]]:
+    """v2 children of the image's snapshot `snap_id`; the image is back at its head after."""
+    image.set_snap_by_id(snap_id)
+    try:
+        return [dict(c) for c in image.list_children2()]
+    finally:
+        image.set_snap_by_id(None)
+
+
 def children_of(image: rbd.Image) -> list[dict[str, object]]:
     """v2 children of every snapshot of the image (trash namespace included)."""
     found: list[dict[str, object]] = []

@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-
-import rados
-import rbd
+from typing import TYPE_CHECKING
 
 from cephcsi.ceph import image_access, layering
 from cephcsi.ceph.connection import Session
 from cephcsi.errors import ConfigError
 from cephcsi.observability.logging import fields
+
+if TYPE_CHECKING:
+    from rados import Ioctx
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class Placement:
     name: str
 
 
-def after_create(session: Session, io: rados.Ioctx, image_id: str, where: Placement, policy: FlattenPolicy) -> int:
+def after_create(session: Session, io: Ioctx, image_id: str, where: Placement, policy: FlattenPolicy) -> int:
     """Queue a background flatten if the new image is deeper than the soft limit; its depth
     (read from the headers of its chain: no image is opened)."""
     chain = layering.depth(session, io, image_id)
@@ -78,7 +79,7 @@ def after_create(session: Session, io: rados.Ioctx, image_id: str, where: Placem
     return chain
 
 
-def limit_snapshots(session: Session, source: rbd.Image, where: Placement, policy: FlattenPolicy) -> None:
+def limit_snapshots(session: Session, source: image_access.Image, where: Placement, policy: FlattenPolicy) -> None:
     """Flatten the children of the source's oldest snapshots when it holds too many."""
     snaps = sorted(layering.list_snaps(source), key=lambda s: s.snap_id)
     if len(snaps) < policy.min_snapshots:
@@ -89,15 +90,7 @@ def limit_snapshots(session: Session, source: rbd.Image, where: Placement, polic
     excess = len(snaps) - policy.min_snapshots + 1
     # Only trash-namespace snapshots: user-namespace ones are a cut in progress or not ours.
     for snap in [s for s in snaps if s.namespace == layering.TRASH_NAMESPACE][:excess]:
-        _release(session, _children_at(source, snap.snap_id), KRBD_MAX_CHAIN)
-
-
-def _children_at(image: rbd.Image, snap_id: int) -> list[dict[str, object]]:
-    image.set_snap_by_id(snap_id)
-    try:
-        return [dict(c) for c in image.list_children2()]
-    finally:
-        image.set_snap_by_id(None)
+        _release(session, layering.children_at(source, snap.snap_id), KRBD_MAX_CHAIN)
 
 
 def _release(session: Session, children: list[dict[str, object]], hops: int) -> None:
