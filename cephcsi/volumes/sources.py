@@ -17,9 +17,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import rados
-import rbd
 
-from cephcsi.ceph import layering
+from cephcsi.ceph import image_access, layering
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.errors import NotFound, OperationInFlight
@@ -137,7 +136,7 @@ def hold_source(journal: Journal, uuid: str, wait: float = SOURCE_WAIT_SECONDS) 
         yield record
 
 
-def sweep_temporaries(image: rbd.Image, image_name: str, keep: str = "") -> None:
+def sweep_temporaries(image: image_access.Image, image_name: str, keep: str = "") -> None:
     """Remove temporary snapshots left by killed snapshot/clone calls (call under the source
     lease). One with a finished clone moves to the trash namespace, which the clone keeps."""
     for snap in layering.list_snaps(image):
