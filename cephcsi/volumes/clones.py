@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import rados
-import rbd
 
 from cephcsi.ceph import image_access, image_metadata, images, layering
 from cephcsi.ceph.connection import Session
@@ -144,7 +143,7 @@ class Cloner:
     @staticmethod
     def _features(request: CreateRequest) -> int:
         # A clone needs layering whatever the StorageClass lists.
-        return images.feature_mask(request.parameters.features) | rbd.RBD_FEATURE_LAYERING
+        return images.feature_mask(request.parameters.features) | images.FEATURE_BITS["layering"]
 
     def _snapshot_parent(self, session: Session, io: rados.Ioctx, pool: str, entry_id: VolumeId) -> Parent:
         journal = sources.snapshot_journal(io, self.instance_id, self.lock_seconds, self.keeper, session)
@@ -156,7 +155,7 @@ class Cloner:
             # If the restore point was removed by hand since, the clone fails NOT_FOUND.
             return Parent(io, name, name, int(size_text), entry.record.image_id)
 
-        def read(image: rbd.Image) -> tuple[layering.SnapInfo | None, int, str]:
+        def read(image: image_access.Image) -> tuple[layering.SnapInfo | None, int, str]:
             return layering.user_snap(image, name), int(image.size()), str(image.id())
 
         with ceph_call("open snapshot image", f"image {name!r}"):
@@ -175,7 +174,7 @@ class Cloner:
         temp = f"{layering.TEMP_SNAP_PREFIX}{record.uuid}"
         with sources.hold_source(journal, entry_id.object_uuid) as source_record, \
                 ceph_call("clone source volume", f"image {source_record.image_name!r}"), \
-                rbd.Image(source_io, source_record.image_name) as source:
+                image_access.open_image(source_io, source_record.image_name) as source:
             cloned = int(source.size())
             size = target_size(request, cloned)
             sources.sweep_temporaries(source, source_record.image_name, keep=temp)
@@ -214,7 +213,7 @@ class Cloner:
             current = cloned
             image_id = images.lookup_id(io, name) or ""
         else:
-            with ceph_call("open cloned image", f"image {name!r}"), rbd.Image(io, name) as image:
+            with ceph_call("open cloned image", f"image {name!r}"), image_access.open_image(io, name) as image:
                 current = int(image.size())
                 if current < size:
                     log.info("growing the clone to the requested size", extra=fields(image=name, bytes=size))
@@ -238,5 +237,5 @@ class Cloner:
 
 
 def _size(io: rados.Ioctx, name: str) -> int:
-    with ceph_call("open cloned image", f"image {name!r}"), rbd.Image(io, name, read_only=True) as image:
+    with ceph_call("open cloned image", f"image {name!r}"), image_access.open_image(io, name, read_only=True) as image:
         return int(image.size())
