@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import rados
-import rbd
 
 from cephcsi.ceph import image_access, images, layering
 from cephcsi.ceph.connection import Session
@@ -170,7 +169,7 @@ class SnapshotManager:
                 self._forget(session, io, snapshots, record)
                 raise
             self._rekey(io, record, secrets)
-            with ceph_call("snapshot the snapshot image", f"image {name!r}"), rbd.Image(io, name) as image:
+            with ceph_call("snapshot the snapshot image", f"image {name!r}"), image_access.open_image(io, name) as image:
                 # The restore point: restores clone from it; ceph-csi names it like the image.
                 layering.ensure_snap(image, name)
                 shape = _Shape.of(image)  # what the answer needs, from this open instead of another
@@ -211,7 +210,7 @@ class SnapshotManager:
         if images.lookup_id(io, name) is None:
             return None  # no image yet (the usual case on a first call): one read, not an open
 
-        def shape(image: rbd.Image) -> _Shape | None:
+        def shape(image: image_access.Image) -> _Shape | None:
             restore_point = layering.user_snap(image, name)
             if restore_point is None:
                 return None
@@ -231,7 +230,7 @@ class SnapshotManager:
         temp = f"{layering.TEMP_SNAP_PREFIX}{record.uuid}"
         with sources.hold_source(volumes, source_uuid) as source_record, \
                 ceph_call("snapshot source volume", f"image {source_record.image_name!r}"), \
-                rbd.Image(io, source_record.image_name) as source:
+                image_access.open_image(io, source_record.image_name) as source:
             sources.sweep_temporaries(source, source_record.image_name, keep=temp)
             flatten.limit_snapshots(session, source, flatten.Placement(pool, io.get_namespace(),
                                                                        source_record.image_name), self.policy)
@@ -240,7 +239,7 @@ class SnapshotManager:
             if not record.get(CREATED):
                 snapshots.update(record.uuid, {CREATED: f"{layering.snap_timestamp(source, cut.snap_id):.6f}"})
             # deep-flatten: a background flatten must also free the restore point from the source.
-            features = source.features() | rbd.RBD_FEATURE_LAYERING | rbd.RBD_FEATURE_DEEP_FLATTEN
+            features = source.features() | images.FEATURE_BITS["layering"] | images.FEATURE_BITS["deep-flatten"]
             layering.clone(session, io, source_record.image_name, temp, io, record.image_name, features,
                            _data_pool(session, source, io), parent_id=str(source.id()))
             failpoints.reach("snapshot.after-clone")
@@ -390,7 +389,7 @@ class _Shape:
     """When the restore point was taken (0: not read)."""
 
     @classmethod
-    def of(cls, image: rbd.Image) -> _Shape:
+    def of(cls, image: image_access.Image) -> _Shape:
         return cls(int(image.size()), str(image.id()))
 
 
@@ -409,7 +408,7 @@ def _source_of_ceph_csi_snapshot(session: Session, io: rados.Ioctx, record: Reco
     return candidate
 
 
-def _data_pool(session: Session, image: rbd.Image, io: rados.Ioctx) -> str | None:
+def _data_pool(session: Session, image: image_access.Image, io: rados.Ioctx) -> str | None:
     """The image's data pool name when it has a separate one (the clone keeps data there too)."""
     pool_id = int(image.data_pool_id())
     if pool_id == io.get_pool_id():
