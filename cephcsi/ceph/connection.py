@@ -22,8 +22,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import rados
-# Imported by name too: inside Session, `rados` is the property.
-from rados import Ioctx
+# Imported by name too: inside Session, `rados` is the property. Re-exported: cephcsi.volumes
+# types the handles a Session opens with it and imports no rados itself.
+from rados import Ioctx as Ioctx
 
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph import cephx_keys, pool_defaults, pool_validation, verified

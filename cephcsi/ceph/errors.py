@@ -28,6 +28,10 @@ from cephcsi.errors import (
 )
 from cephcsi.observability.metrics import CEPH_CALLS
 
+LibradosError = rados.Error
+"""librados' base exception, for the one caller outside this package that skips a pool whatever
+failed there (ListSnapshots over every pool); everything else translates through `ceph_call`."""
+
 # Errors after which a cached connection must not be reused.
 CONNECTION_LOST = {errno.ESHUTDOWN, errno.ENOTCONN, 108}  # 108: EBLOCKLISTED on Linux (ESHUTDOWN)
 

@@ -19,10 +19,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import rados
-
 from cephcsi.ceph import image_access, image_metadata, images, layering
-from cephcsi.ceph.connection import Session
+from cephcsi.ceph.connection import Ioctx, Session
 from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import AlreadyExists, Internal, InvalidArgument, NotFound, OperationInFlight, OutOfRange
@@ -64,7 +62,7 @@ def has_source(record: Record) -> bool:
 class Parent:
     """What the new image is cloned from."""
 
-    io: rados.Ioctx
+    io: Ioctx
     image: str
     snap: str
     size: int
@@ -91,7 +89,7 @@ class Cloner:
         self.instance_id = instance_id
         self.lock_seconds = lock_seconds
 
-    def ensure(self, session: Session, io: rados.Ioctx, request: CreateRequest,
+    def ensure(self, session: Session, io: Ioctx, request: CreateRequest,
                record: Record) -> tuple[str, int, bool]:
         """(image id, size, whether the request's metadata was written) of the volume's image,
         cloning it from the request's source first."""
@@ -113,7 +111,7 @@ class Cloner:
         failpoints.reach("clone.after-clone")
         return self._finish(session, io, request, name, size, cloned)
 
-    def _clone(self, session: Session, io: rados.Ioctx, request: CreateRequest, source: ContentSource,
+    def _clone(self, session: Session, io: Ioctx, request: CreateRequest, source: ContentSource,
                record: Record) -> tuple[int, int]:
         """Clone the image from the source; (the size it must then have, the size it was cloned
         with: its parent snapshot's)."""
@@ -130,7 +128,7 @@ class Cloner:
                            request.parameters.data_pool or None, parent_id=parent.image_id)
             return size, parent.size
 
-    def _forget(self, session: Session, io: rados.Ioctx, record: Record) -> None:
+    def _forget(self, session: Session, io: Ioctx, record: Record) -> None:
         """The source does not exist and no finished clone of it does: drop clone debris, name
         and record (under the volume's lease) so a later request for the name starts afresh."""
         if layering.finished_clone(session, io, record.image_name):
@@ -145,7 +143,7 @@ class Cloner:
         # A clone needs layering whatever the StorageClass lists.
         return images.feature_mask(request.parameters.features) | images.FEATURE_BITS["layering"]
 
-    def _snapshot_parent(self, session: Session, io: rados.Ioctx, pool: str, entry_id: VolumeId) -> Parent:
+    def _snapshot_parent(self, session: Session, io: Ioctx, pool: str, entry_id: VolumeId) -> Parent:
         journal = sources.snapshot_journal(io, self.instance_id, self.lock_seconds, self.keeper, session)
         entry = sources.read_entry(io, pool, entry_id, journal, "source snapshot")
         name = entry.record.image_name
@@ -166,8 +164,8 @@ class Cloner:
         # The restore point's size, not the head's: a snapshot image is never resized, so they agree.
         return Parent(io, name, name, size, image_id)
 
-    def _clone_volume(self, session: Session, source_io: rados.Ioctx, pool: str, entry_id: VolumeId,
-                      io: rados.Ioctx, request: CreateRequest, record: Record) -> tuple[int, int]:
+    def _clone_volume(self, session: Session, source_io: Ioctx, pool: str, entry_id: VolumeId,
+                      io: Ioctx, request: CreateRequest, record: Record) -> tuple[int, int]:
         """Clone the source volume at a temporary snapshot, under its lease; (the target size, the
         size cloned: the source's now)."""
         journal = sources.volume_journal(source_io, self.instance_id, self.lock_seconds, self.keeper, session)
@@ -202,7 +200,7 @@ class Cloner:
         except NotFound:
             pass  # the source is gone; its temporary snapshot went with it
 
-    def _finish(self, session: Session, io: rados.Ioctx, request: CreateRequest, name: str, size: int,
+    def _finish(self, session: Session, io: Ioctx, request: CreateRequest, name: str, size: int,
                 cloned: int | None = None) -> tuple[str, int, bool]:
         """Grow the clone to `size` (a retry after a crash before the resize does it), apply the
         flatten policy, and return (image id, size, whether the request's metadata was written).
@@ -236,6 +234,6 @@ class Cloner:
         return image_id, current, written
 
 
-def _size(io: rados.Ioctx, name: str) -> int:
+def _size(io: Ioctx, name: str) -> int:
     with ceph_call("open cloned image", f"image {name!r}"), image_access.open_image(io, name, read_only=True) as image:
         return int(image.size())

@@ -14,10 +14,8 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import rados
-
 from cephcsi.ceph import image_metadata
-from cephcsi.ceph.connection import Session
+from cephcsi.ceph.connection import Ioctx, Session
 from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.encryption import volume_keys
 from cephcsi.encryption.spec import EncryptionSpec
@@ -129,7 +127,7 @@ class Encryption:
             raise InvalidArgument(f"cannot create an encrypted volume from unencrypted {source.kind} "
                                   f"{source.source_id!r}")
 
-    def settle(self, session: Session, io: rados.Ioctx, image_name: str, volume_id: str, spec: EncryptionSpec,
+    def settle(self, session: Session, io: Ioctx, image_name: str, volume_id: str, spec: EncryptionSpec,
                source: ContentSource | None, secrets: Mapping[str, str], tenant: str) -> None:
         """Before CreateVolume answers: the volume's passphrase is kept and its state set."""
         target = ImageRef(io, image_name, volume_id)

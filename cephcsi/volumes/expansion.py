@@ -30,10 +30,8 @@ import logging
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-import rados
-
 from cephcsi.ceph import resize
-from cephcsi.ceph.connection import Session
+from cephcsi.ceph.connection import Ioctx, Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.encryption import volume_keys
 from cephcsi.errors import Internal, InvalidArgument, NotFound, OutOfRange
@@ -130,7 +128,7 @@ class _NoRecordObject(Exception):
     """The volume's record object does not exist in the pool its id names."""
 
 
-def _expand_held(volumes: VolumeManager, session: Session, io: rados.Ioctx, pool: str, journal: Journal, uuid: str,
+def _expand_held(volumes: VolumeManager, session: Session, io: Ioctx, pool: str, journal: Journal, uuid: str,
                  request: ExpandRequest, target: int, existing: bool) -> Expanded:
     """Under the volume's lease: find its record, then grow its image."""
     with ExitStack() as stack:
@@ -152,7 +150,7 @@ def _expand_held(volumes: VolumeManager, session: Session, io: rados.Ioctx, pool
         return _grow_locked(io, request, record, target)
 
 
-def _grow_locked(io: rados.Ioctx, request: ExpandRequest, record: Record, target: int) -> Expanded:
+def _grow_locked(io: Ioctx, request: ExpandRequest, record: Record, target: int) -> Expanded:
     def needed(current: int) -> bool:
         return check_current(request.volume_id, current, target, request.limit_bytes)
 

@@ -23,15 +23,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from cephcsi.ceph import image_access, layering
-from cephcsi.ceph.connection import Session
+from cephcsi.ceph.connection import Ioctx, Session
 from cephcsi.errors import ConfigError
 from cephcsi.observability.logging import fields
-
-if TYPE_CHECKING:
-    from rados import Ioctx
 
 log = logging.getLogger(__name__)
 

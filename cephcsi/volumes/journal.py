@@ -39,9 +39,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import rados
-
 from cephcsi.ceph import image_metadata, images, omap
+from cephcsi.ceph.connection import Ioctx
 from cephcsi.ceph.leases import Fill, Lease, LeaseKeeper
 from cephcsi.errors import Internal, OperationInFlight
 from cephcsi.volumes import failpoints
@@ -175,7 +174,7 @@ class Hold:
         checks that), the new image's metadata is written first, and those keys are removed by
         the release. A kill or an error before that leaves them in the record."""
 
-        def behind(io: rados.Ioctx) -> dict[str, str | None]:
+        def behind(io: Ioctx) -> dict[str, str | None]:
             failpoints.reach("create.release-behind")
             found = known_id or images.lookup_id(io, image_name)
             values: dict[str, str | None] = {IMAGE_ID: found} if found else {}
@@ -193,7 +192,7 @@ class Hold:
 class Journal:
     """Journal operations within one pool (and rados namespace) for one driver instance."""
 
-    def __init__(self, io: rados.Ioctx, instance_id: str, kind: JournalKind = VOLUMES, lock_seconds: float = 10.0,
+    def __init__(self, io: Ioctx, instance_id: str, kind: JournalKind = VOLUMES, lock_seconds: float = 10.0,
                  *, keeper: LeaseKeeper) -> None:
         self.io = io
         self.keeper = keeper

@@ -12,10 +12,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-import rados
-
 from cephcsi.ceph import dependents, image_access, image_ensure, image_metadata, images, imagestate, omap, trash
-from cephcsi.ceph.connection import ConnectionCache, Session
+from cephcsi.ceph.connection import ConnectionCache, Ioctx, Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.config.clusters import ClusterRegistry
@@ -95,7 +93,7 @@ class VolumeManager:
         """None when snapshots and clones are not enabled."""
         self.encryption = Encryption(keys or VolumeKeys(), instance_id, journal_lock_seconds, keeper)
 
-    def _journal(self, io: rados.Ioctx) -> Journal:
+    def _journal(self, io: Ioctx) -> Journal:
         return Journal(io, self.instance_id, VOLUMES, lock_seconds=self.journal_lock_seconds, keeper=self.keeper)
 
     def create(self, request: CreateRequest) -> Volume:
@@ -196,7 +194,7 @@ class VolumeManager:
                 raise OperationInFlight(f"volume {request.name!r} is being deleted concurrently; retry")
 
     @staticmethod
-    def _settle_metadata(io: rados.Ioctx, hold: Hold, record: Record, metadata: Mapping[str, str], made: bool,
+    def _settle_metadata(io: Ioctx, hold: Hold, record: Record, metadata: Mapping[str, str], made: bool,
                          known_id: str) -> None:
         """Before the answer: the metadata this request asks for, and what an earlier attempt's
         record still keeps pending, onto the image; the pending keys leave the record with the
@@ -216,7 +214,7 @@ class VolumeManager:
         if made:
             hold.journal_image_id_behind(record.image_name, known_id)
 
-    def _adopt_split(self, session: Session, io: rados.Ioctx, request: CreateRequest, raw: str,
+    def _adopt_split(self, session: Session, io: Ioctx, request: CreateRequest, raw: str,
                      value: split_journal.NameValue) -> Volume:
         """A retried CreateVolume of a volume ceph-csi journaled here but created in another pool
         (split_journal). Nothing is created: the volume exists or the call fails, naming why."""
@@ -295,7 +293,7 @@ class VolumeManager:
                                         lambda record: self.encryption.remove(record, volume_id_text, secrets))
                 log.info("volume deleted", extra=fields(volume_id=volume_id_text))
 
-    def _delete_locked(self, session: Session, io: rados.Ioctx, pool: str, journal: Journal, hold: Hold,
+    def _delete_locked(self, session: Session, io: Ioctx, pool: str, journal: Journal, hold: Hold,
                        uuid: str, forget_key: Callable[[Record], None] = lambda record: None) -> None:
         """Image first, then the name, then the record: a record is removed only once its
         image is gone or queued with the mgr, so a retry after any crash still finds it."""
@@ -330,7 +328,7 @@ class VolumeManager:
         failpoints.reach("delete.after-release")
         journal.remove_record(record.uuid)
 
-    def _delete_split(self, session: Session, io: rados.Ioctx, pool: str, journal: Journal, hold: Hold,
+    def _delete_split(self, session: Session, io: Ioctx, pool: str, journal: Journal, hold: Hold,
                       split: SplitVolume) -> None:
         """The order of `_delete_locked` across two pools: image (in `pool`), then the name key
         (in the journal pool, only while it still points here), then the record wherever its
@@ -356,7 +354,7 @@ class VolumeManager:
                  extra=fields(journal=journal.kind.record_prefix, uuid=record.uuid, image=record.image_name,
                               journal_pool=split.journal_pool))
 
-    def _remove_image(self, session: Session, io: rados.Ioctx, pool: str, journal: Journal, record: Record) -> None:
+    def _remove_image(self, session: Session, io: Ioctx, pool: str, journal: Journal, record: Record) -> None:
         """Take the image out of service from whatever state an earlier, killed attempt (ours,
         or librbd's inside one call) left it in; see cephcsi.ceph.imagestate for the states."""
         known_id = record.image_id
@@ -478,7 +476,7 @@ class VolumeManager:
                     raise NotFound(f"volume {volume_id_text!r} does not exist")
                 return Located(volume_id, pool, record), info
 
-    def read_record(self, session: Session, io: rados.Ioctx, pool: str, uuid: str) -> Record | None:
+    def read_record(self, session: Session, io: Ioctx, pool: str, uuid: str) -> Record | None:
         """The volume's record: in its own pool, or where ceph-csi put it for a volume it
         journaled in another pool (split_journal). None when neither has one. Read only."""
         record = self._journal(io).read(uuid)

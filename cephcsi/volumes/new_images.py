@@ -7,15 +7,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cephcsi.ceph import image_ensure
-from cephcsi.ceph.connection import Session
+from cephcsi.ceph.connection import Ioctx, Session
 from cephcsi.errors import AlreadyExists
 from cephcsi.volumes import failpoints
 from cephcsi.volumes.capacity import fits
 from cephcsi.volumes.journal import PLANNED_IMAGE_ID, Journal, Record
 
 if TYPE_CHECKING:
-    from rados import Ioctx
-
     from cephcsi.volumes.manager import CreateRequest
 
 

@@ -35,10 +35,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-import rados
-
 from cephcsi.ceph import blocklist, header_metadata, images, omap
-from cephcsi.ceph.connection import ConnectionCache, Session
+from cephcsi.ceph.connection import ConnectionCache, Ioctx, Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.publish_keys import ADDRESS_PREFIX, EARLY_ADDRESS_PREFIX, FENCE_LEDGER, NODE_ADDRESSES, USER_PREFIX
 from cephcsi.config.clusters import ClusterRegistry
@@ -102,7 +100,7 @@ def node_keys(metadata: Mapping[str, str], volume_id: str, node_id: str) -> list
 class RecordReader(Protocol):
     """VolumeManager.read_record: a volume's journal record, wherever ceph-csi put it."""
 
-    def __call__(self, session: Session, io: rados.Ioctx, pool: str, uuid: str) -> Record | None: ...
+    def __call__(self, session: Session, io: Ioctx, pool: str, uuid: str) -> Record | None: ...
 
 
 @dataclass(frozen=True)
@@ -197,7 +195,7 @@ class Publisher:
 
     # ---- steps ---------------------------------------------------------------------------------
 
-    def _fence(self, session: Session, io: rados.Ioctx, target: Target, metadata: Mapping[str, str],
+    def _fence(self, session: Session, io: Ioctx, target: Target, metadata: Mapping[str, str],
                node_id: str) -> list[str]:
         volume_id = target.volume_id.encode()
         held = holders(metadata, volume_id)
@@ -245,19 +243,19 @@ def _decode(volume_id: str) -> VolumeId:
         raise NotFound(f"volume {volume_id!r} does not exist (not an id issued by this driver)") from None
 
 
-def _lookup_id(io: rados.Ioctx, name: str) -> str:
+def _lookup_id(io: Ioctx, name: str) -> str:
     try:
         return header_metadata.image_id(io, name)
     except NotFound:
         return ""
 
 
-def _watchers(io: rados.Ioctx, target: Target) -> list[str]:
+def _watchers(io: Ioctx, target: Target) -> list[str]:
     info = images.stat(io, target.record.image_name, with_watchers=True)
     return [str(w) for w in (info.watchers if info is not None else ())]
 
 
-def _ledger_add(io: rados.Ioctx, entries: dict[str, str]) -> None:
+def _ledger_add(io: Ioctx, entries: dict[str, str]) -> None:
     if not omap.create_exclusive(io, FENCE_LEDGER, entries):
         omap.update(io, FENCE_LEDGER, entries)
 

@@ -10,11 +10,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import rados
-
-from cephcsi.ceph.connection import Session
+from cephcsi.ceph.connection import Ioctx, Session
 from cephcsi.ceph.credentials import Credentials
-from cephcsi.ceph.errors import ceph_call
+from cephcsi.ceph.errors import LibradosError, ceph_call
 from cephcsi.errors import CephCSIError, InvalidArgument, NotFound, OperationInFlight
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import split_journal
@@ -116,7 +114,7 @@ def _in_pool_of(manager: SnapshotManager, entry_id: VolumeId, credentials: Crede
         return found
 
 
-def _split_journal_pool(session: Session, io: rados.Ioctx, pool: str, volume_uuid: str) -> str | None:
+def _split_journal_pool(session: Session, io: Ioctx, pool: str, volume_uuid: str) -> str | None:
     try:
         split = split_journal.locate(session, io, pool, VOLUMES, volume_uuid)
     except CephCSIError:
@@ -140,7 +138,7 @@ def _pool_snapshots(manager: SnapshotManager, session: Session, pool: str) -> li
     try:
         with session.ioctx(pool) as io:
             return manager.all_in_pool(session, io, pool)
-    except (CephCSIError, rados.Error) as error:
+    except (CephCSIError, LibradosError) as error:
         # A pool these credentials cannot read holds no snapshot they could use either.
         log.debug("skipping pool in snapshot listing", extra=fields(pool=pool, reason=str(error)))
         return []

@@ -23,10 +23,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-import rados
-
 from cephcsi.ceph import image_access, images, layering
-from cephcsi.ceph.connection import Session
+from cephcsi.ceph.connection import Ioctx, Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import AlreadyExists, CephCSIError, FailedPrecondition, InvalidArgument, NotFound, OperationInFlight
@@ -96,7 +94,7 @@ class SnapshotManager:
         self.name_locks = KeyLocks("snapshot name")
         self.id_locks = KeyLocks("snapshot")
 
-    def _journals(self, io: rados.Ioctx, session: Session) -> tuple[Journal, Journal]:
+    def _journals(self, io: Ioctx, session: Session) -> tuple[Journal, Journal]:
         """(volume journal, reading source volumes wherever their record is; snapshot journal) of one pool."""
         v = self.volumes
         return (sources.volume_journal(io, v.instance_id, v.journal_lock_seconds, v.keeper, session),
@@ -158,7 +156,7 @@ class SnapshotManager:
                                 f"{record.get(SOURCE_VOLUME_ID)!r}, not {request.source_volume_id!r}")
         return record
 
-    def _complete(self, session: Session, io: rados.Ioctx, pool: str, volumes: Journal, snapshots: Journal,
+    def _complete(self, session: Session, io: Ioctx, pool: str, volumes: Journal, snapshots: Journal,
                   record: Record, secrets: Mapping[str, str] = {}) -> Snapshot:
         name = record.image_name
         shape = self._restore_point(io, name)
@@ -177,7 +175,7 @@ class SnapshotManager:
         record = snapshots.read(record.uuid) or record
         return self._describe(session, io, pool, snapshots, record, shape, queue=True)
 
-    def _rekey(self, io: rados.Ioctx, record: Record, secrets: Mapping[str, str]) -> None:
+    def _rekey(self, io: Ioctx, record: Record, secrets: Mapping[str, str]) -> None:
         """An encrypted source's snapshot image carries the source's wrapped passphrase (librbd's
         clone copies metadata); ceph-csi keeps it for the snapshot's own id (copyEncryptionConfig),
         and restores, its own or ours, read it there. Before the restore point: a snapshot whose
@@ -194,7 +192,7 @@ class SnapshotManager:
         failpoints.reach("snapshot.after-key")
 
     @staticmethod
-    def _forget(session: Session, io: rados.Ioctx, snapshots: Journal, record: Record) -> None:
+    def _forget(session: Session, io: Ioctx, snapshots: Journal, record: Record) -> None:
         """The source is gone and no finished clone of it exists: drop the clone debris and the
         entry (under its lease), so nothing is left that no DeleteSnapshot would ever name."""
         if layering.finished_clone(session, io, record.image_name):
@@ -204,7 +202,7 @@ class SnapshotManager:
         snapshots.remove_record(record.uuid)
 
     @staticmethod
-    def _restore_point(io: rados.Ioctx, name: str) -> _Shape | None:
+    def _restore_point(io: Ioctx, name: str) -> _Shape | None:
         """The snapshot image's size and id once its restore point exists (the snapshot is
         finished), else None."""
         if images.lookup_id(io, name) is None:
@@ -219,7 +217,7 @@ class SnapshotManager:
         with ceph_call("open snapshot image", f"image {name!r}"):
             return image_access.if_exists(io, shape, name, read_only=True)
 
-    def _cut(self, session: Session, io: rados.Ioctx, pool: str, volumes: Journal, snapshots: Journal,
+    def _cut(self, session: Session, io: Ioctx, pool: str, volumes: Journal, snapshots: Journal,
              record: Record) -> None:
         """Clone the source at a new temporary snapshot, under the source's lease."""
         source_uuid = sources.decode(record.get(SOURCE_VOLUME_ID), "source volume").object_uuid
@@ -267,7 +265,7 @@ class SnapshotManager:
         except NotFound:
             pass  # the source is gone, and its temporary snapshot went with it (or to the trash)
 
-    def _describe(self, session: Session, io: rados.Ioctx, pool: str, snapshots: Journal | None, record: Record,
+    def _describe(self, session: Session, io: Ioctx, pool: str, snapshots: Journal | None, record: Record,
                   shape: _Shape, queue: bool) -> Snapshot:
         """The snapshot as CSI reports it; with `queue`, apply the flatten policy to it.
         `snapshots`: the journal holding `record`, where a missing image id is filled in; None
@@ -335,7 +333,7 @@ class SnapshotManager:
 
     # ---- lookups for ListSnapshots and restores -----------------------------------------------------------
 
-    def describe(self, session: Session, io: rados.Ioctx, pool: str, uuid: str) -> Snapshot | None:
+    def describe(self, session: Session, io: Ioctx, pool: str, uuid: str) -> Snapshot | None:
         """A finished snapshot by uuid (None if absent or still being cut), `pool` being the one
         its id names: its image's, also when ceph-csi journaled it in another (split_journal)."""
         v = self.volumes
@@ -355,7 +353,7 @@ class SnapshotManager:
             return None
         return self._describe(session, io, pool, writable, record, shape, queue=False)
 
-    def all_in_pool(self, session: Session, io: rados.Ioctx, pool: str) -> list[Snapshot]:
+    def all_in_pool(self, session: Session, io: Ioctx, pool: str) -> list[Snapshot]:
         """The snapshots this pool's snapshot journal names, including those ceph-csi journaled
         here with their image in another pool (a `<pool id>/<uuid>` key)."""
         _, snapshots = self._journals(io, session)
@@ -364,7 +362,7 @@ class SnapshotManager:
         found.extend(self._describe_elsewhere(session, io, value) for value in sorted(v for v in values if "/" in v))
         return [s for s in found if s is not None]
 
-    def _describe_elsewhere(self, session: Session, io: rados.Ioctx, raw: str) -> Snapshot | None:
+    def _describe_elsewhere(self, session: Session, io: Ioctx, raw: str) -> Snapshot | None:
         try:
             value = parse_name_value(raw, "snapshot name key")
         except CephCSIError:
@@ -393,7 +391,7 @@ class _Shape:
         return cls(int(image.size()), str(image.id()))
 
 
-def _source_of_ceph_csi_snapshot(session: Session, io: rados.Ioctx, record: Record) -> str:
+def _source_of_ceph_csi_snapshot(session: Session, io: Ioctx, record: Record) -> str:
     """The source volume id of a snapshot ceph-csi made ('' when the record cannot say).
 
     ceph-csi's record keeps only the source's image name (csi.source). Its volumes' images are
@@ -408,7 +406,7 @@ def _source_of_ceph_csi_snapshot(session: Session, io: rados.Ioctx, record: Reco
     return candidate
 
 
-def _data_pool(session: Session, image: image_access.Image, io: rados.Ioctx) -> str | None:
+def _data_pool(session: Session, image: image_access.Image, io: Ioctx) -> str | None:
     """The image's data pool name when it has a separate one (the clone keeps data there too)."""
     pool_id = int(image.data_pool_id())
     if pool_id == io.get_pool_id():

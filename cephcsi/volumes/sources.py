@@ -16,10 +16,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
-import rados
-
 from cephcsi.ceph import image_access, layering
-from cephcsi.ceph.connection import Session
+from cephcsi.ceph.connection import Ioctx, Session
 from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.errors import NotFound, OperationInFlight
 from cephcsi.observability.logging import fields
@@ -58,7 +56,7 @@ def decode(text: str, what: str) -> VolumeId:
 
 
 @contextmanager
-def opened(session: Session, entry_id: VolumeId, what: str) -> Iterator[tuple[str, rados.Ioctx]]:
+def opened(session: Session, entry_id: VolumeId, what: str) -> Iterator[tuple[str, Ioctx]]:
     """(pool name, ioctx) of the pool an id points into; NotFound when that pool is gone."""
     pool = session.pool_name(entry_id.pool_id)
     if pool is None:
@@ -67,14 +65,14 @@ def opened(session: Session, entry_id: VolumeId, what: str) -> Iterator[tuple[st
         yield pool, io
 
 
-def read_entry(io: rados.Ioctx, pool: str, entry_id: VolumeId, journal: Journal, what: str) -> Entry:
+def read_entry(io: Ioctx, pool: str, entry_id: VolumeId, journal: Journal, what: str) -> Entry:
     record = journal.read(entry_id.object_uuid)
     if record is None:
         raise NotFound(f"{what} {entry_id.encode()!r} does not exist")
     return Entry(entry_id, pool, record)
 
 
-def volume_journal(io: rados.Ioctx, instance_id: str, lock_seconds: float, keeper: LeaseKeeper,
+def volume_journal(io: Ioctx, instance_id: str, lock_seconds: float, keeper: LeaseKeeper,
                    session: Session | None = None) -> Journal:
     """The volume journal of `io`'s pool; given the session, one that reads source volumes the
     way their snapshots and clones need them (`SourceJournal`)."""
@@ -90,7 +88,7 @@ class SourceJournal(Journal):
     this pool's object. Reads find the record wherever it is; everything else is the plain
     journal of this pool."""
 
-    def __init__(self, io: rados.Ioctx, instance_id: str, lock_seconds: float, keeper: LeaseKeeper,
+    def __init__(self, io: Ioctx, instance_id: str, lock_seconds: float, keeper: LeaseKeeper,
                  session: Session, kind: JournalKind = VOLUMES) -> None:
         super().__init__(io, instance_id, kind, lock_seconds=lock_seconds, keeper=keeper)
         self.session = session
@@ -103,7 +101,7 @@ class SourceJournal(Journal):
         return split.record if split is not None else record
 
 
-def snapshot_journal(io: rados.Ioctx, instance_id: str, lock_seconds: float, keeper: LeaseKeeper,
+def snapshot_journal(io: Ioctx, instance_id: str, lock_seconds: float, keeper: LeaseKeeper,
                      session: Session | None = None) -> Journal:
     """The snapshot journal of `io`'s pool; given the session, one that reads a source snapshot
     wherever ceph-csi journaled it (`SourceJournal`)."""

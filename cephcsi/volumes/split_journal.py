@@ -26,10 +26,8 @@ import re
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-import rados
-
 from cephcsi.ceph import batch, omap
-from cephcsi.ceph.connection import Session
+from cephcsi.ceph.connection import Ioctx, Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import FailedPrecondition, NotFound, PermissionDenied
 from cephcsi.observability.logging import fields
@@ -188,7 +186,7 @@ def _pools(session: Session) -> list[str]:
         return list(session.rados.list_pools())
 
 
-def locate(session: Session, io: rados.Ioctx, image_pool: str, kind: JournalKind, uuid: str,
+def locate(session: Session, io: Ioctx, image_pool: str, kind: JournalKind, uuid: str,
            journal_pool: str | None = None) -> SplitVolume | None:
     """The split volume `uuid` of `image_pool`, or None when it is not one.
 
