@@ -123,6 +123,9 @@ class SidecarSettings:
     capacity: CapacitySettings = field(default_factory=CapacitySettings)
     """Capacity tracking (CSIStorageCapacity objects), part of the provisioner."""
     """CSI socket path as the kubelet sees it (registrar); default derives from --kubelet-dir."""
+    reclaimspace_poll_interval: float = 60.0
+    """--reclaimspace-poll-interval: how often the leader checks the claims' reclaim-space
+    schedules (cephcsi.sidecars.reclaimspace); 0 turns the loop off."""
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,8 @@ def _sidecar_flags(p: argparse.ArgumentParser) -> None:
                    help="publish CSIStorageCapacity objects from GetCapacity (with the provisioner)")
     s.add_argument("--capacity-poll-interval", type=_duration, default=60.0)
     s.add_argument("--capacity-for-immediate-binding", type=_bool, nargs="?", const=True, default=False)
+    s.add_argument("--reclaimspace-poll-interval", type=_duration, default=60.0,
+                   help="how often the leader checks the claims' reclaim-space schedules (0: off)")
     s.add_argument("--capacity-ownerref-level", type=int, default=1,
                    help="owner of CSIStorageCapacity objects: -1 none, 0 the Pod (POD_NAME), 1 its ReplicaSet, "
                         "2 its Deployment")
@@ -189,6 +191,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--leader-election-retry-period must be shorter than --leader-election-renew-deadline")
     if a.capacity_poll_interval < 1:
         parser.error("--capacity-poll-interval must be at least 1s")
+    if 0 < a.reclaimspace_poll_interval < 1:
+        parser.error("--reclaimspace-poll-interval must be 0 (off) or at least 1s")
     if a.capacity_ownerref_level < -1:
         parser.error("--capacity-ownerref-level must be -1 (no owner) or more")
     return _settings(a, parser)
@@ -262,6 +266,7 @@ def _sidecar_settings(a: argparse.Namespace, parser: argparse.ArgumentParser) ->
         kubelet_registration_path=a.kubelet_registration_path,
         capacity=CapacitySettings(a.enable_capacity, a.capacity_poll_interval, a.capacity_for_immediate_binding,
                                   a.capacity_ownerref_level),
+        reclaimspace_poll_interval=a.reclaimspace_poll_interval,
     )
 
 

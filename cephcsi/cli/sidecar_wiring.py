@@ -30,6 +30,7 @@ from cephcsi.kube.leaselock import KubeLeaseLock
 from cephcsi.kube.ratelimit import ItemBackoffSettings
 from cephcsi.observability.health import HealthRegistry
 from cephcsi.settings import Settings
+from cephcsi.volumes import reclaim
 from cephcsi.sidecars import kubeerrors
 from cephcsi.sidecars.api import KubeApi
 from cephcsi.sidecars.attacher import strategy as attach_strategy
@@ -54,6 +55,8 @@ from cephcsi.sidecars.provisioner.context import ProvisionerContext, provisioner
 from cephcsi.sidecars.provisioner.controller import ProvisionerLoop
 from cephcsi.sidecars.provisioner.pvspec import PVOptions
 from cephcsi.sidecars.provisioner.request import RequestOptions
+from cephcsi.sidecars.reclaimspace.api import ReclaimApi
+from cephcsi.sidecars.reclaimspace.controller import ReclaimContext, ReclaimSpaceLoop
 from cephcsi.sidecars.registrar import Registrar, RegistrarOptions
 from cephcsi.sidecars.resizer.api import ResizerApi
 from cephcsi.sidecars.resizer.controller import ResizerLoop
@@ -132,6 +135,8 @@ def build_controller_loops(settings: Settings, services: Services, health: Healt
         resizer=_resizer(parts) if "resizer" in chosen else None,
         snapshotter=_snapshotter(parts) if "snapshotter" in chosen else None,
         capacity=_capacity(parts) if "provisioner" in chosen and sidecar.capacity.enabled else None,
+        reclaimspace=_reclaimspace(parts) if "provisioner" in chosen and sidecar.reclaimspace_poll_interval > 0
+        else None,
     )
     # GetCapacity reads the class's provisioner secret, for the capacity loop and gRPC callers alike.
     controller.capacity_secrets = KubeCapacitySecrets(parts.api)
@@ -279,6 +284,25 @@ def _capacity(parts: _Parts) -> CapacityLoop:
         immediate_binding=settings.immediate_binding,
     )
     return CapacityLoop(ctx, backoff=parts.backoff)
+
+
+def _reclaimspace(parts: _Parts) -> ReclaimSpaceLoop:
+    """The reclaim-space schedule: sparsify through the controller's VolumeManager, the run
+    recorded on the claim (the node plugins follow that record)."""
+    volumes = parts.controller.volumes
+    ctx = ReclaimContext(
+        driver_name=parts.settings.driver_name,
+        claims=parts.factory.persistent_volume_claims(),
+        volumes=parts.factory.persistent_volumes(),
+        classes=parts.factory.storage_classes(),
+        api=parts.api,
+        writer=ReclaimApi(parts.api_client),
+        events=parts.clients.events,
+        calls=parts.clients.calls,
+        sparsify=lambda volume_id, credentials: reclaim.sparsify_volume(volumes, volume_id, credentials),
+        poll_interval=parts.settings.sidecars.reclaimspace_poll_interval,
+    )
+    return ReclaimSpaceLoop(ctx)
 
 
 def _snapshotter(parts: _Parts) -> SnapshotterLoop:

@@ -111,11 +111,13 @@ class Loops:
     snapshotter: ClosingLoop | None = None
     capacity: LeaderLoop | None = None
     """The provisioner's capacity tracking (--enable-capacity)."""
+    reclaimspace: LeaderLoop | None = None
+    """The reclaim-space schedule (cephcsi.sidecars.reclaimspace), with the provisioner."""
 
     def present(self) -> list[LeaderLoop]:
         """The loops present, in start order (stop order is the same: they are independent)."""
         chosen: list[LeaderLoop | None] = [self.provisioner, self.attacher, self.resizer, self.snapshotter,
-                                           self.capacity]
+                                           self.capacity, self.reclaimspace]
         return [loop for loop in chosen if loop is not None]
 
 

@@ -1,0 +1,1 @@
+"""The reclaim-space schedule loop (leader only): docs/reclaim-space.md."""

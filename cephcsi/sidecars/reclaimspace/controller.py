@@ -1,0 +1,158 @@
+"""The reclaim-space schedule loop (controller leader only).
+
+Every --reclaimspace-poll-interval it walks the claims in the informer cache (no API reads for
+that), and for each one whose schedule is due (cephcsi.sidecars.reclaimspace.due):
+1. sparsifies the volume's image (cephcsi.volumes.reclaim.sparsify_volume: skipped while another
+   client watches the image, as ceph-csi's ControllerReclaimSpace does), through the CSI call
+   pool, so --timeout bounds the wait and a retry joins a call still running;
+2. records the run on the claim: `reclaimspace.cephcsi.ceph.io/last-run` (when) and
+   `…/last-result` (what it did), one merge patch, and an Event.
+
+Step 2 is also the node's request: a node plugin that stages the volume trims it when the
+claim's last-run is newer than its own last trim (cephcsi.node.reclaim_loop), so one place — the
+leader — reads the schedule and every node follows the record it wrote. A failed sparsify is
+recorded too (result `error: …` and a Warning event) and retried at the next scheduled time, as
+a failed csi-addons ReclaimSpaceJob is by its CronJob; the record is what keeps a permanently
+failing volume from being retried every poll. A leader killed between 1 and 2 repeats step 1
+under the next leader: sparsify of an already sparse image changes nothing.
+
+Volumes are handled one at a time: sparsify reads every allocated object of an image, and a
+schedule like @daily on every claim must not turn into all images read at once.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from cephcsi.ceph import sparsify
+from cephcsi.ceph.credentials import Credentials
+from cephcsi.errors import CephCSIError, FailedPrecondition
+from cephcsi.kube.events import NORMAL, WARNING, EventRecorder
+from cephcsi.kube.informer import Informer
+from cephcsi.observability.logging import fields
+from cephcsi.sidecars import objects
+from cephcsi.sidecars.api import KubeApi
+from cephcsi.sidecars.calls import CsiCalls
+from cephcsi.sidecars.provisioner import secrets
+from cephcsi.sidecars.reclaimspace import due
+from cephcsi.sidecars.reclaimspace.api import ReclaimApi
+from cephcsi.volumes import reclaim
+
+log = logging.getLogger(__name__)
+
+Sparsify = Callable[[str, Credentials], sparsify.Sparsified]
+
+
+@dataclass
+class ReclaimContext:
+    driver_name: str
+    claims: Informer
+    volumes: Informer
+    classes: Informer
+    api: KubeApi
+    writer: ReclaimApi
+    events: EventRecorder
+    calls: CsiCalls
+    sparsify: Sparsify
+    poll_interval: float = 60.0
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+
+
+class ReclaimSpaceLoop:
+    def __init__(self, ctx: ReclaimContext) -> None:
+        self.ctx = ctx
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._refused: set[tuple[str, str]] = set()
+        """(claim uid, schedule) already reported as unreadable: one Warning, not one per poll."""
+
+    def start(self, stop: threading.Event) -> None:
+        self._stop = stop
+        self._thread = threading.Thread(target=self._run, name="reclaimspace", daemon=True)
+        self._thread.start()
+        log.info("reclaim-space schedule started", extra=fields(poll_seconds=self.ctx.poll_interval))
+
+    def stop(self, timeout: float) -> bool:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reconcile()
+            except Exception as error:  # noqa: BLE001 - the loop outlives one bad pass
+                log.error("reclaim-space pass failed", extra=fields(error=str(error)))
+            self._stop.wait(self.ctx.poll_interval)
+
+    def reconcile(self) -> list[str]:
+        """One pass; the claims (namespace/name) whose run was recorded."""
+        ctx = self.ctx
+        now = ctx.now()
+        done: list[str] = []
+        for claim in sorted(ctx.claims.list(), key=objects.key):
+            if self._stop.is_set():
+                break
+            decision = due.decide(claim, ctx.driver_name, _getter(ctx.volumes), _getter(ctx.classes), now)
+            if isinstance(decision, due.Refused):
+                self._refuse(decision)
+            elif isinstance(decision, due.Due):
+                self._run_one(decision, now)
+                done.append(decision.claim_key)
+        return done
+
+    def _refuse(self, refused: due.Refused) -> None:
+        marker = (objects.uid(refused.claim), refused.schedule)
+        if marker in self._refused:
+            return
+        self._refused.add(marker)
+        log.warning("reclaim-space schedule refused", extra=fields(claim=refused.claim_key, error=refused.reason))
+        self.ctx.events.event(refused.claim, WARNING, "ReclaimSpaceScheduleInvalid", refused.reason)
+
+    def _run_one(self, item: due.Due, now: datetime) -> None:
+        ctx = self.ctx
+        try:
+            credentials = self._credentials(item)
+            result = ctx.calls.run("ReclaimSpace", item.volume_id,
+                                   lambda: ctx.sparsify(item.volume_id, credentials), self._stop)
+        except CephCSIError as error:
+            outcome, event_type, message = f"error: {error.message}", WARNING, error.message
+            log.warning("reclaim space failed", extra=fields(claim=item.claim_key, error=error.message))
+        else:
+            if result.in_use:
+                outcome = "skipped: in use (the node that stages it trims it)"
+            else:
+                outcome = f"reclaimed {result.reclaimed}"
+            event_type, message = NORMAL, f"reclaim space: {outcome}"
+        namespace, name = objects.namespace(item.claim), objects.name(item.claim)
+        ctx.writer.annotate_claim(namespace, name, {
+            reclaim.LAST_RUN_ANNOTATION: reclaim.format_time(now), reclaim.RESULT_ANNOTATION: outcome})
+        ctx.events.event(item.claim, event_type, "ReclaimSpace" if event_type == NORMAL else "ReclaimSpaceFailed",
+                         message)
+
+    def _credentials(self, item: due.Due) -> Credentials:
+        """The PV's controller-expand Secret (already resolved on the PV), else the class's
+        provisioner Secret resolved for this claim: ceph-csi's controller calls use either."""
+        csi = objects.spec(item.pv).get("csi") or {}
+        ref = csi.get("controllerExpandSecretRef") or {}
+        if ref.get("name") and ref.get("namespace"):
+            return Credentials.from_secrets(self.ctx.api.read_secret(str(ref["namespace"]), str(ref["name"])))
+        parameters = {str(k): str(v) for k, v in (item.storage_class.get("parameters") or {}).items()}
+        found = secrets.secret_ref(secrets.PROVISIONER, parameters, objects.name(item.pv), item.claim)
+        if found is None:
+            raise FailedPrecondition(
+                f"neither the PersistentVolume {objects.name(item.pv)} (controllerExpandSecretRef) nor its "
+                "StorageClass (provisioner secret) names a Secret to sparsify the volume with")
+        return Credentials.from_secrets(self.ctx.api.read_secret(found.namespace, found.name))
+
+
+def _getter(informer: Informer) -> Callable[[str], Mapping[str, Any] | None]:
+    def get(name: str) -> Mapping[str, Any] | None:
+        return informer.get(name) if name else None
+    return get
