@@ -4,10 +4,11 @@ Ceph releases: the host's Pacific 16.2.15, and Reef 18.2.7 (Debian trixie) and T
 (sid) from roots tests/ceph/releases.sh debootstraps (cached under ~/.cache/cephcsi; the daemons
 and the admin CLI run through chroot, on 127.0.0.8 and 127.0.0.9). Python API:
 
-    start_cluster(directory, release="pacific"|"reef"|"tentacle", auth="stock"|"legacy")
-        -> CephTestCluster            # builds the release's root first if it is not cached
+    start_cluster(directory, release="pacific"|"reef"|"tentacle", auth="stock"|"legacy",
+                  address=None) -> CephTestCluster   # builds the release's root first if it is not cached
     stop_cluster(directory)            # stops the daemons, unmounts what start bound
     release_root(release) -> str       # the root's path (built once, then cached)
+    cached_release_root(release) -> str | None   # the root's path if built, else None
     session_release(name) -> (release, auth)   # "tentacle-legacy" -> ("tentacle", "legacy")
 
 A CephTestCluster says what it is: `release`, `version` ("18.2.7"), `auth` and `key_type` ("aes"
@@ -33,7 +34,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from unittest import mock
 
 import pytest
 
@@ -171,11 +171,25 @@ def release_root(release: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def start_cluster(directory: str, release: str = "pacific", auth: str = "stock") -> CephTestCluster:
-    """A one-node cluster of `release` in `directory` (keep the path short: unix sockets)."""
+def cached_release_root(release: str) -> str | None:
+    """The root of `release` if it is built already, else None (nothing is built)."""
+    if os.environ.get("CEPHCSI_IN_RELEASE_ROOT") == release:
+        return "/"
+    out = subprocess.run([str(RELEASES_SCRIPT), "path", release], capture_output=True, text=True, timeout=60,
+                         check=False)
+    return out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def start_cluster(directory: str, release: str = "pacific", auth: str = "stock",
+                  address: str | None = None) -> CephTestCluster:
+    """A one-node cluster of `release` in `directory` (keep the path short: unix sockets), its
+    daemons bound to `address` (default: $CEPH_ADDR, else the release's own loopback address).
+    The address goes to the script's environment only, so clusters may start in parallel threads."""
     script_env = dict(os.environ)
     for name in ("CEPH_RELEASE", "CEPH_AUTH", "CEPH_ROOT"):
         script_env.pop(name, None)
+    if address:
+        script_env["CEPH_ADDR"] = address
     if release != "pacific":
         script_env.update(CEPH_RELEASE=release, CEPH_ROOT=release_root(release))
     if auth != "stock":
@@ -249,11 +263,9 @@ def running_cluster(prefix: str, release: str = "pacific", auth: str = "stock",
     a failed start fails the test with the script's stderr, and the daemons are always stopped.
     The folder is kept with CEPHCSI_TEST_KEEP_CEPH set, for a post-mortem of the daemons' logs."""
     directory = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
-    environment = {"CEPH_ADDR": address} if address else {}
     try:
         try:
-            with mock.patch.dict(os.environ, environment):
-                cluster = start_cluster(directory, release=release, auth=auth)
+            cluster = start_cluster(directory, release=release, auth=auth, address=address)
         except subprocess.CalledProcessError as error:
             where = f" on {address}" if address else ""
             pytest.fail(f"could not start the Ceph {release} ({auth} auth) test cluster{where}: {error.stderr}")
