@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from cephcsi.ceph import dependents, image_access, image_ensure, image_metadata, images, imagestate, omap, trash
+from cephcsi.ceph import image_ensure, image_metadata, image_removal, images, omap, trash
 from cephcsi.ceph.connection import ConnectionCache, Ioctx, Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.leases import LeaseKeeper
@@ -355,67 +355,14 @@ class VolumeManager:
                               journal_pool=split.journal_pool))
 
     def _remove_image(self, session: Session, io: Ioctx, pool: str, journal: Journal, record: Record) -> None:
-        """Take the image out of service from whatever state an earlier, killed attempt (ours,
-        or librbd's inside one call) left it in; see cephcsi.ceph.imagestate for the states."""
-        known_id = record.image_id
-        planned = record.unjournaled_planned_id
-        if planned and image_ensure.settle_planned(io, record.image_name, planned):
-            # A create killed before its release: the image it wrote is complete (else what it
-            # wrote is gone now).
-            known_id = planned
-        inspection = imagestate.Inspection(io, record.image_name, known_id)
-        # Whether a live image has users or snapshots is checked while the inspection's reads
-        # are in flight, and used only once they say the image is live (and, for the header
-        # probe, that its id is the journaled one): by two reads of the header when the id is
-        # journaled, else by a read-only open, which the header probe also falls back to when
-        # the image turns out watched or snapshotted.
-        header_probe = dependents.HeaderProbe(io, known_id) if known_id else None
-        mover = image_access.TrashMover(session, io, known_id)
-        usage = dependents.probe(io, record.image_name) if header_probe is None else None
-        state = inspection.result()
-        if header_probe is not None and state.image_id == header_probe.image_id:
-            usage = header_probe.usage()
-        unused_by_header = usage is not None and header_probe is not None
-        if state.image_id and state.image_id != record.image_id:
-            # Journal the id before anything moves the image: once it leaves the directory the
-            # id is the only way to find it.
-            journal.set_image_id(record.uuid, state.image_id)
-        if state.gone:
-            return
-        if state.partial_create:
-            complete = images.remove_headerless(io, record.image_name)
-            if complete is None:
-                return
-            # A complete image under the name after all, with an id the journal lacks (a create
-            # killed after its header, or its last operations landing late): journaled, then
-            # taken out like any live image.
-            journal.set_image_id(record.uuid, complete.image_id)
-            state = imagestate.inspect(io, record.image_name, complete.image_id)
-        if state.trash is None and not state.live:
-            raise Internal(
-                f"image {record.image_name!r} (id {state.image_id}) has a header but no name or trash entry; "
-                "run `cephcsi audit` to inspect it"
-            )
-        if state.live:
-            snaps = dependents.require_unused(io, record.image_name, usage)
-            # Snapshots or clones still read through it: librbd purges it after them.
-            if dependents.defer_if_parent(io, state, snaps):
-                return
-        # Which path moves it (by hand or librbd) is the Ceph layer's choice; a move by hand
-        # rests on what the header probe proved (no watcher, no snapshot).
-        mover.move(state, proven_unused=unused_by_header)
-        failpoints.reach("delete.after-trash")
-        if not state.live:
-            # Resuming a delete that a crash interrupted, perhaps inside librbd with the image
-            # open: its dead watch would make the mgr's purge fail and back off for minutes.
-            # Answer FAILED_PRECONDITION instead until the watch expires; the retry then queues
-            # a purge that succeeds at once. (A live image was checked before the move.)
-            trash.require_unused(io, record.image_name, state.image_id)
-        # A live image was just moved by trash_move (source USER): only a resumed move can have
-        # left a parent's entry that librbd purges itself.
-        if not state.live and dependents.purged_by_librbd(io, state.image_id):
-            return
-        trash.purge(session, io, pool, state.image_id, self.inline_purges)
+        """Take the image out of service (cephcsi.ceph.image_removal), journaling its id as soon
+        as it is known and before anything moves it."""
+        image_removal.take_out(
+            session, io, pool,
+            image_removal.Target(record.image_name, record.image_id, record.unjournaled_planned_id),
+            image_removal.Steps(journal_id=lambda image_id: journal.set_image_id(record.uuid, image_id),
+                                after_trash=lambda: failpoints.reach("delete.after-trash")),
+            self.inline_purges)
 
     def find(self, name: str, parameters: VolumeParameters, credentials: Credentials) -> str | None:
         """The id of the volume journaled under request `name` in the parameters' pool, or None.
