@@ -5,7 +5,8 @@ RPC), runs with `LC_ALL=C` so messages can be matched, and is logged with its ar
 Secrets never reach argv: keys go to tools through 0600 key files (see
 cephcsi.ceph.credentials.key_file); as a last line of defence `run` refuses argv that carries a
 key inline (`--key`, `--secret`). Output is captured and only a short tail of stderr goes into
-error messages.
+error messages. An argv element that must carry a secret anyway is marked (SecretArg, or listed in
+`secrets`) and shows as `<redacted>` in every log line, error and Result.
 
 Failures map onto cephcsi errors: a missing tool is FAILED_PRECONDITION (the node lacks a
 package), a timeout is DEADLINE_EXCEEDED, a non-zero exit is `CommandFailed` (INTERNAL) which
@@ -34,11 +35,22 @@ DEFAULT_TIMEOUT = 120.0
 _STDERR_TAIL = 600
 # Ways the Ceph tools accept a key inline; we always use --keyfile instead.
 _INLINE_SECRET_FLAGS = ("--key", "--secret", "--key=", "--secret=")
+REDACTED = "<redacted>"
+
+
+class SecretArg(str):
+    """An argv element that is (or holds) a secret: passed to the tool, shown as REDACTED."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return REDACTED
 
 
 @dataclass(frozen=True)
 class Result:
     argv: tuple[str, ...]
+    """As logged: secret elements replaced by REDACTED (see redact)."""
     returncode: int
     stdout: str
     stderr: str
@@ -78,6 +90,14 @@ def scrub(text: str, secrets: Sequence[str]) -> str:
     for form in sorted(forms, key=len, reverse=True):  # a longer form first: it may contain a shorter
         text = text.replace(form, "***")
     return _KEY_SHAPED.sub(lambda m: "***" if is_cephx_key(m.group()) else m.group(), text)
+
+
+def redact(argv: Sequence[str], secrets: Sequence[str] = ()) -> tuple[str, ...]:
+    """argv as it may be shown: an element marked SecretArg, or containing one of `secrets` (also
+    as `--flag=<secret>`), becomes REDACTED."""
+    hidden = [secret for secret in secrets if secret]
+    return tuple(REDACTED if isinstance(arg, SecretArg) or any(secret in arg for secret in hidden) else str(arg)
+                 for arg in argv)
 
 
 def check_argv(argv: Sequence[str]) -> None:
@@ -123,10 +143,15 @@ def run(
     (Ceph tools echo a malformed key back in "failed to decode key '...'").
     `stdin` is written to the child's standard input (a passphrase for `cryptsetup --key-file=-`:
     never argv); list it in `secrets` too so an echo of it is scrubbed.
+    An argv element that is a SecretArg or contains one of `secrets` is shown as REDACTED in the
+    debug line, the timeout warning, errors and the Result.
     """
     check_argv(argv)
     limit = DEFAULT_TIMEOUT if timeout is None else timeout
-    command = tuple(argv)
+    command = tuple(str(arg) for arg in argv)
+    shown = redact(argv, secrets)
+    # a tool may echo an argument back ("invalid value '...'"): marked ones are scrubbed as secrets
+    secrets = (*secrets, *(arg for arg in argv if isinstance(arg, SecretArg)))
     started = time.monotonic()
     child_env = {**os.environ, "LC_ALL": "C", **(env or {})}
     try:
@@ -143,17 +168,17 @@ def run(
             check=False,
         )
     except FileNotFoundError:
-        raise FailedPrecondition(f"{what}: {command[0]} is not installed on this node") from None
+        raise FailedPrecondition(f"{what}: {shown[0]} is not installed on this node") from None
     except subprocess.TimeoutExpired:
-        log.warning("command timed out", extra=fields(argv=shlex.join(command), seconds=limit))
-        raise DeadlineExceeded(f"{what}: `{shlex.join(command)}` did not finish within {limit:g}s") from None
+        log.warning("command timed out", extra=fields(argv=shlex.join(shown), seconds=limit))
+        raise DeadlineExceeded(f"{what}: `{shlex.join(shown)}` did not finish within {limit:g}s") from None
     except OSError as error:
-        raise Internal(f"{what}: cannot run {command[0]}: {error.strerror}") from None
-    result = Result(command, completed.returncode, scrub(completed.stdout, secrets), scrub(completed.stderr, secrets))
+        raise Internal(f"{what}: cannot run {shown[0]}: {error.strerror}") from None
+    result = Result(shown, completed.returncode, scrub(completed.stdout, secrets), scrub(completed.stderr, secrets))
     elapsed_ms = round((time.monotonic() - started) * 1000, 1)
     log.debug(
         "command",
-        extra=fields(argv=shlex.join(command), rc=result.returncode, ms=elapsed_ms, stderr=tail(result.stderr, 200)),
+        extra=fields(argv=shlex.join(shown), rc=result.returncode, ms=elapsed_ms, stderr=tail(result.stderr, 200)),
     )
     if result.returncode not in ok_codes:
         raise CommandFailed(result, what)

@@ -4,6 +4,13 @@ The node talks to Ceph only through the rbd tools (no librados connection of its
 encrypted volume's state and stored key are read the same way: one `rbd image-meta` run per
 image, with the user's key in a 0600 file (cephcsi.ceph.credentials.key_file), never in argv.
 A value is never logged (the runner logs argv and stderr, not stdout: a stored key is stdout).
+
+`rbd image-meta set` takes the value only in argv, where any process of the node reads it in
+/proc/*/cmdline; a value that is a secret (the wrapped passphrase) is written by set_secret into
+the image header's omap instead — where librbd keeps image metadata, under `metadata_<key>`, the
+raw value bytes — with `rados setomapval` reading the value from stdin. Unlike `rbd image-meta
+set` that does not notify clients that have the image open; the keys written so (the wrapped
+passphrase) are read fresh by each stage and rotation, never from an open image's cache.
 """
 from __future__ import annotations
 
@@ -16,6 +23,9 @@ from cephcsi.node.exec import CommandFailed, Runner
 from cephcsi.node.mappers.rbd_cli import image_args, translate
 from cephcsi.node.stage_record import ImageSpec
 
+METADATA_PREFIX = "metadata_"
+"""librbd's omap key prefix of an image metadata key in the header object (cls_rbd)."""
+
 
 @dataclass(frozen=True)
 class RbdImageMetadata:
@@ -26,6 +36,9 @@ class RbdImageMetadata:
     image: ImageSpec
     monitors: str
     credentials: Credentials = field(repr=False)
+
+    def _auth(self, keyfile: str) -> list[str]:
+        return ["--id", self.credentials.user_id, "-m", self.monitors, f"--keyfile={keyfile}"]
 
     def _argv(self, action: str, keyfile: str) -> list[str]:
         return ["rbd", "image-meta", action, *image_args(self.image), "--id", self.credentials.user_id,
@@ -55,5 +68,36 @@ class RbdImageMetadata:
             try:
                 self.runner([*self._argv("set", keyfile), key, value], what=what, timeout=self.timeout,
                             secrets=(self.credentials.key,))
+            except CommandFailed as error:
+                raise translate(error, what, self.image) from None
+
+    def image_id(self) -> str:
+        """The image's id (`rbd info`): its header object is rbd_header.<id>."""
+        what = f"read the id of image {self.image}"
+        with key_file(self.credentials) as keyfile:
+            try:
+                result = self.runner(["rbd", "info", *image_args(self.image), *self._auth(keyfile), "--format", "json"],
+                                     what=what, timeout=self.timeout, secrets=(self.credentials.key,))
+            except CommandFailed as error:
+                raise translate(error, what, self.image) from None
+        try:
+            found = json.loads(result.stdout or "{}").get("id")
+        except (ValueError, AttributeError):
+            found = None
+        if not isinstance(found, str) or not found:
+            raise Internal(f"`rbd info` printed no image id for image {self.image} (a format 1 image has none; "
+                           "encrypted volumes are format 2)")
+        return found
+
+    def set_secret(self, key: str, value: str) -> None:
+        """Set `key` to a value that must never be in argv: into the header's omap, from stdin."""
+        header = f"rbd_header.{self.image_id()}"
+        what = f"set metadata {key} of image {self.image}"
+        namespace = ["--namespace", self.image.namespace] if self.image.namespace else []
+        with key_file(self.credentials) as keyfile:
+            try:
+                self.runner(["rados", "--pool", self.image.pool, *namespace, *self._auth(keyfile),
+                             "setomapval", header, f"{METADATA_PREFIX}{key}"],
+                            what=what, timeout=self.timeout, stdin=value, secrets=(self.credentials.key, value))
             except CommandFailed as error:
                 raise translate(error, what, self.image) from None

@@ -49,8 +49,8 @@ benchmark: see kdf_options.
 
 Secrets: passphrases reach cryptsetup on stdin (the key that authorises) and in a 0600 file in a
 private directory removed right after the call (the new key of luksAddKey); never argv or logs.
-The wrapped passphrase (`metadata`) goes to `rbd image-meta set` in argv: it is what the image
-metadata shows any reader of the pool, sealed under the KMS Secret; it is kept out of the logs.
+The wrapped passphrase (`metadata`) is written into the image metadata from stdin
+(RbdImageMetadata.set_secret), never argv, and is scrubbed from whatever the tool prints.
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ from cephcsi.errors import DeadlineExceeded, FailedPrecondition, Internal, Inval
 from cephcsi.node import luks, stage_record
 from cephcsi.node.exec import CommandFailed, Result, Runner
 from cephcsi.node.image_meta import RbdImageMetadata
-from cephcsi.node.mappers.rbd_cli import image_args, translate
+from cephcsi.node.mappers.rbd_cli import translate
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import failpoints
 
@@ -268,16 +268,7 @@ class KmsKeyStore:
         if not self.kms.dek_in_image:
             self.kms.store(self.volume_id, passphrase)
             return
-        wrapped = self.kms.wrap(self.volume_id, passphrase)
-        meta = self.metadata
-        what = f"store the new wrapped passphrase of volume {self.volume_id} in its image metadata"
-        with key_file(meta.credentials) as keyfile:
-            try:
-                meta.runner(["rbd", "image-meta", "set", *image_args(meta.image), "--id", meta.credentials.user_id,
-                             "-m", meta.monitors, f"--keyfile={keyfile}", volume_keys.DEK_KEY, wrapped],
-                            what=what, timeout=meta.timeout, secrets=(meta.credentials.key, wrapped))
-            except CommandFailed as error:
-                raise translate(error, what, meta.image) from None
+        self.metadata.set_secret(volume_keys.DEK_KEY, self.kms.wrap(self.volume_id, passphrase))
 
 
 @contextmanager
