@@ -55,6 +55,8 @@ def run(settings: Settings) -> int:
         services.node.service.loop_follower.start()
         if services.node.service.nbd_healer is not None:
             services.node.service.nbd_healer.start()
+        if services.node.service.reclaimer is not None:
+            services.node.service.reclaimer.start()
     lifetime = Lifetime()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -98,6 +100,8 @@ def run(settings: Settings) -> int:
         log.warning("journal lease releases still running at exit; those leases lapse on their own")
     if services.node is not None:
         services.node.service.loop_follower.stop()
+        if services.node.service.reclaimer is not None:
+            services.node.service.reclaimer.stop()
     if http is not None:
         http.stop()
     log.info("cephcsi stopped", extra=fields(exit_code=lifetime.exit_code))

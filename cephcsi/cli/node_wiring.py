@@ -22,6 +22,8 @@ from cephcsi.node.mappers.nbd import NbdMapper
 from cephcsi.node.mappers.nbd_attachments import AttachmentStore
 from cephcsi.node.mappers.select import MapperChoice, NodeProbe, runner_modprobe
 from cephcsi.node.nbd_healer import NbdHealer
+from cephcsi.node.reclaim_claims import KubeTrimRequests
+from cephcsi.node.reclaim_loop import NodeTrimPass
 from cephcsi.node.publisher import Publisher
 from cephcsi.node.service import NodeConfig, NodeParts, NodeService
 from cephcsi.node.stager import Stager
@@ -62,6 +64,11 @@ def build_node_service(config: NodeConfig, runner: node_exec.Runner = node_exec.
     ))
     # Started by the process (cli.main) too; it takes the service's volume locks.
     service.nbd_healer = NbdHealer(nbd, service.volume_locks)
+    if config.reclaimspace_poll_interval > 0:
+        # Started by the process (cli.main) as well; it takes the service's volume locks.
+        service.reclaimer = NodeTrimPass(
+            config.kubelet_dir, config.state_dir, service.volume_locks, runner, config.command_timeout,
+            KubeTrimRequests(config.kubeconfig), config.reclaimspace_poll_interval)
     return service
 
 

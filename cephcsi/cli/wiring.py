@@ -89,6 +89,7 @@ def build_node(settings: Settings, clusters: ClusterRegistry) -> NodeServicer:
         connect_timeout=settings.ceph.mount_timeout,
         kubeconfig=settings.sidecars.kubeconfig,
         kms_config=settings.kms_config,
+        reclaimspace_poll_interval=settings.sidecars.reclaimspace_poll_interval,
     )
     return NodeServicer(build_node_service(config), clusters, settings)
 

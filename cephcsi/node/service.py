@@ -23,6 +23,7 @@ from cephcsi.node.expander import NodeExpander, NodeExpandRequest
 from cephcsi.node.mappers.fuse_capacity import LoopCapacityFollower
 from cephcsi.node.mappers.select import MapperChoice
 from cephcsi.node.nbd_healer import NbdHealer
+from cephcsi.node.reclaim_loop import NodeTrimPass
 from cephcsi.node.publisher import Publisher
 from cephcsi.node.requests import PublishRequest, StageRequest
 from cephcsi.node.stager import Stager
@@ -49,6 +50,9 @@ class NodeConfig:
     """tmpfs state that must survive a plugin restart (the rbd-nbd re-attach records)."""
     kms_config: str = kms_config.DEFAULT_PATH
     """--kms-config: the KMS ConfigMap's config.json (encrypted volumes)."""
+    reclaimspace_poll_interval: float = 0.0
+    """--reclaimspace-poll-interval: how often the node trims the volumes whose claim has a new
+    reclaim-space run recorded (cephcsi.node.reclaim_loop); 0 off."""
 
 
 @dataclass
@@ -80,6 +84,8 @@ class NodeService:
         self.backing_check = stats.BackingCheck()
         # Re-attaches rbd-nbd devices after a restart (cephcsi.node.nbd_healer); set by node_wiring.
         self.nbd_healer: NbdHealer | None = None
+        # Trims volumes the leader recorded a reclaim-space run for (cephcsi.node.reclaim_loop); set by node_wiring.
+        self.reclaimer: NodeTrimPass | None = None
 
     @contextmanager
     def _locked(self, volume_id: str, path: str) -> Iterator[None]:

@@ -244,6 +244,8 @@ CONTROLLER_MUST_NOT = [
 ]
 NODE_MUST = [
     *_each("get", "", "nodes", "topology labels of its own node"),
+    *_each("get", "", "persistentvolumes", "reclaim space: the PV of a staged volume"),
+    *_each("get", "", "persistentvolumeclaims", "reclaim space: the claim's last run", namespace="default"),
 ]
 NODE_MUST_NOT = [
     *_each("list watch update patch", "", "nodes", "reads one node by name"),
@@ -251,7 +253,9 @@ NODE_MUST_NOT = [
     *_each("get", "", "secrets", "KMS Secrets only where an admin binds cephcsi-kms-reader", namespace=OTHER_NAMESPACE),
     *_each("get", "", "configmaps", "KMS ConfigMaps only where an admin binds cephcsi-kms-reader",
            namespace=OTHER_NAMESPACE),
-    *_each("get list", "", "persistentvolumes", "not needed"),
+    *_each("list watch", "", "persistentvolumes", "reclaim space reads one PV by name"),
+    *_each("list watch update patch", "", "persistentvolumeclaims", "reclaim space reads one claim by name",
+           namespace="default"),
     *_each("get list", "storage.k8s.io", "volumeattachments", "not needed"),
     *_each("get list", "", "pods", "not needed", namespace="default"),
     *_each("get update", "coordination.k8s.io", "leases", "node plugins do not elect", namespace=NAMESPACE),
@@ -287,7 +291,8 @@ CONTROLLER_GRANTS: dict[tuple[str, str], dict[tuple[str, str], frozenset[str]]] 
     },
 }
 NODE_GRANTS: dict[tuple[str, str], dict[tuple[str, str], frozenset[str]]] = {
-    ("ClusterRoleBinding", ""): {("", "nodes"): frozenset({"get"})},
+    ("ClusterRoleBinding", ""): {("", "nodes"): frozenset({"get"}), ("", "persistentvolumes"): frozenset({"get"}),
+                                 ("", "persistentvolumeclaims"): frozenset({"get"})},
 }
 
 

@@ -1,0 +1,99 @@
+"""Where the node pass (cephcsi.node.reclaim_loop) reads the leader's record of a volume's last
+reclaim-space run: the claim's `reclaimspace.cephcsi.ceph.io/last-run` annotation.
+
+The node knows a staged volume by its id; the claim is found without listing anything:
+- the PV's name is in the volume's publish paths (the kubelet bind-mounts the staging mount onto
+  `<kubelet>/pods/<pod uid>/volumes/kubernetes.io~csi/<pv name>/mount`), found in the mount table
+  as mounts of the same device and filesystem root as the staging mount;
+- `get` of that PV (its volumeHandle must be the volume's id) gives the claim's namespace and name;
+- `get` of the claim gives the annotation.
+So the node's RBAC grows by `get` on PersistentVolumes and PersistentVolumeClaims only (no list,
+no watch: deploy/node-rbac.yaml). A volume staged but not published (its pod is going away) has no
+PV name here and is not trimmed; an API failure leaves the volume for the next pass.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from cephcsi.node import mounts, stage_record
+from cephcsi.observability.logging import fields
+from cephcsi.volumes.reclaim import LAST_RUN_ANNOTATION, parse_time
+
+if TYPE_CHECKING:
+    from kubernetes.client import CoreV1Api
+
+log = logging.getLogger(__name__)
+
+_PUBLISH = re.compile(r"/pods/[^/]+/volumes/kubernetes\.io~csi/([^/]+)/mount$")
+
+
+def pv_names(record: stage_record.StageRecord, table: Iterable[mounts.MountEntry]) -> set[str]:
+    """PV names in the publish paths of the staged volume (mounts of its staging filesystem)."""
+    entries = list(table)
+    staging = os.path.realpath(record.mount_path)
+    source = [e for e in entries if os.path.realpath(e.mount_point) == staging]
+    if not source:
+        return set()
+    device = (source[-1].major, source[-1].minor)
+    names = set()
+    for entry in entries:
+        if (entry.major, entry.minor) != device:
+            continue
+        found = _PUBLISH.search(entry.mount_point)
+        if found:
+            names.add(found.group(1))
+    return names
+
+
+class KubeTrimRequests:
+    """cephcsi.node.reclaim_loop.Requests through the Kubernetes API (connected on first use)."""
+
+    def __init__(self, kubeconfig: str = "", timeout: float = 10.0) -> None:
+        self.kubeconfig = kubeconfig
+        self.timeout = timeout
+        self._api: CoreV1Api | None = None
+
+    def _client(self) -> CoreV1Api:
+        if self._api is None:
+            from kubernetes import client, config
+
+            configuration = client.Configuration()
+            if self.kubeconfig:
+                config.load_kube_config(config_file=self.kubeconfig, client_configuration=configuration)
+            else:
+                config.load_incluster_config(client_configuration=configuration)
+            self._api = client.CoreV1Api(client.ApiClient(configuration))
+        return self._api
+
+    def __call__(self, records: list[stage_record.StageRecord]) -> dict[str, datetime]:
+        table = mounts.read_mounts()
+        result: dict[str, datetime] = {}
+        for record in records:
+            for pv_name in sorted(pv_names(record, table)):
+                try:
+                    moment = self._last_run(record.volume_id, pv_name)
+                except Exception as error:  # noqa: BLE001 - API/config failures: the next pass retries
+                    log.warning("cannot read the claim of a staged volume; not trimmed this pass",
+                                extra=fields(volume_id=record.volume_id, pv=pv_name, error=str(error)))
+                    continue
+                if moment is not None:
+                    result[record.volume_id] = moment
+                    break
+        return result
+
+    def _last_run(self, volume_id: str, pv_name: str) -> datetime | None:
+        api = self._client()
+        pv: Any = api.read_persistent_volume(pv_name, _request_timeout=self.timeout)
+        csi = pv.spec.csi if pv.spec is not None else None
+        ref = pv.spec.claim_ref if pv.spec is not None else None
+        if csi is None or csi.volume_handle != volume_id or ref is None:
+            return None
+        claim: Any = api.read_namespaced_persistent_volume_claim(ref.name, ref.namespace,
+                                                                 _request_timeout=self.timeout)
+        annotations = dict(claim.metadata.annotations or {})
+        return parse_time(str(annotations.get(LAST_RUN_ANNOTATION, "")))

@@ -1,0 +1,170 @@
+"""The node plugin's reclaim-space pass: trims the staged volumes whose claim the controller
+leader has recorded a run on since this node last trimmed them. docs/reclaim-space.md.
+
+Why the node follows the leader's record instead of reading the schedule itself: one place
+decides when a volume is due (the leader, cephcsi.sidecars.reclaimspace), so nodes never disagree
+with it (clock skew, a schedule edited between two reads), and the request needs no object or
+channel of its own — the claim's `reclaimspace.cephcsi.ceph.io/last-run` annotation, which the
+leader writes after its sparsify, is it. The driver has no csi-addons sidecar to carry a
+NodeReclaimSpace call, and a request CRD would need an operator to install it.
+
+Each pass (every --reclaimspace-poll-interval):
+1. the stage records under the kubelet's staging directories that can be trimmed
+   (cephcsi.node.reclaim.why_not) — nothing else is read when there are none;
+2. for those, the claim's last-run through `requests` (cephcsi.node.reclaim_claims: the PV named by
+   the volume's publish path, then its claim — `get` by name only);
+3. a trim of each whose last-run is newer than the one this node last honoured, under the node's
+   per-volume lock, taken without waiting (a busy volume is tried again next pass); the record is
+   read again under the lock, since an unstage may have removed it meanwhile.
+
+What was honoured is kept per volume id in `<state-dir>/reclaim-trims.json` (written atomically),
+so a plugin restart does not trim every volume again; a lost file costs one extra trim each,
+which changes nothing on the volumes.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from datetime import datetime
+
+from cephcsi.errors import CephCSIError, OperationInFlight
+from cephcsi.locks import KeyLocks
+from cephcsi.node import exec as node_exec, reclaim, stage_record
+from cephcsi.observability.logging import fields
+from cephcsi.volumes.reclaim import format_time, parse_time
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "reclaim-trims.json"
+STAGE_GLOBS = ("plugins/kubernetes.io/csi/*/*/globalmount", "plugins/kubernetes.io/csi/pv/*/globalmount")
+"""kubelet's staging paths of Filesystem volumes (driver/<sha256>/globalmount since Kubernetes
+1.24, pv/<name>/globalmount before); Block volumes are never trimmed on the node."""
+
+Requests = Callable[[list[stage_record.StageRecord]], Mapping[str, datetime]]
+"""Volume id → the claim's recorded run, for the records given (absent: no run recorded)."""
+
+
+def staged_records(kubelet_dir: str) -> list[stage_record.StageRecord]:
+    """The stage records on this node that a trim applies to."""
+    found = []
+    for path in sorted({p for pattern in STAGE_GLOBS for p in glob.glob(os.path.join(kubelet_dir, pattern))}):
+        try:
+            record = stage_record.load(path)
+        except CephCSIError as error:
+            log.warning("stage record unreadable; volume not trimmed", extra=fields(path=path, error=error.message))
+            continue
+        if record is not None and not reclaim.why_not(record):
+            found.append(record)
+    return found
+
+
+class TrimState:
+    """Per volume id, the last claim run this node trimmed for."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.path = os.path.join(state_dir, STATE_FILE)
+
+    def load(self) -> dict[str, datetime]:
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                doc = json.load(handle)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as error:
+            log.warning("reclaim state unreadable; every requested trim runs again",
+                        extra=fields(path=self.path, error=str(error)))
+            return {}
+        result = {}
+        for volume_id, text in (doc.items() if isinstance(doc, dict) else []):
+            moment = parse_time(str(text))
+            if moment is not None:
+                result[str(volume_id)] = moment
+        return result
+
+    def save(self, state: Mapping[str, datetime]) -> None:
+        directory = os.path.dirname(self.path)
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".reclaim-", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump({k: format_time(v) for k, v in sorted(state.items())}, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+
+class NodeTrimPass:
+    def __init__(self, kubelet_dir: str, state_dir: str, locks: KeyLocks, runner: node_exec.Runner,
+                 command_timeout: float, requests: Requests, interval: float) -> None:
+        self.kubelet_dir = kubelet_dir
+        self.state = TrimState(state_dir)
+        self.locks = locks
+        self.runner = runner
+        self.command_timeout = command_timeout
+        self.requests = requests
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="reclaim-trim", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.run_once()
+            except Exception as error:  # noqa: BLE001 - a failed pass must not end the loop
+                log.error("reclaim-space pass failed", extra=fields(error=str(error)))
+
+    def run_once(self) -> list[reclaim.TrimResult]:
+        records = staged_records(self.kubelet_dir)
+        if not records:
+            return []
+        requested = self.requests(records)
+        state = self.state.load()
+        results = []
+        for record in records:
+            wanted = requested.get(record.volume_id)
+            done = state.get(record.volume_id)
+            if wanted is None or (done is not None and done >= wanted):
+                continue
+            result = self._trim(record)
+            if result is None:
+                continue
+            results.append(result)
+            state[record.volume_id] = wanted
+            self.state.save(state)
+        return results
+
+    def _trim(self, record: stage_record.StageRecord) -> reclaim.TrimResult | None:
+        try:
+            with self.locks.hold(record.volume_id):
+                current = stage_record.load(record.staging_path)
+                if current is None or current.volume_id != record.volume_id:
+                    return None  # unstaged meanwhile
+                return reclaim.trim(current, self.runner, self.command_timeout)
+        except OperationInFlight:
+            log.info("volume busy; trim on the next pass", extra=fields(volume_id=record.volume_id))
+            return None
+        except CephCSIError as error:
+            log.warning("trim failed; retried on the next pass",
+                        extra=fields(volume_id=record.volume_id, error=error.message))
+            return None
