@@ -64,8 +64,9 @@ def build_node_service(config: NodeConfig, runner: node_exec.Runner = node_exec.
     ))
     # Started by the process (cli.main) too; it takes the service's volume locks.
     service.nbd_healer = NbdHealer(nbd, service.volume_locks)
-    if config.reclaimspace_poll_interval > 0:
-        # Started by the process (cli.main) as well; it takes the service's volume locks.
+    if config.reclaimspace_poll_interval > 0 and (config.kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST")):
+        # Started by the process (cli.main) as well; it takes the service's volume locks. Without
+        # an API to read the claims from (a plugin run outside a cluster) there is no pass.
         service.reclaimer = NodeTrimPass(
             config.kubelet_dir, config.state_dir, service.volume_locks, runner, config.command_timeout,
             KubeTrimRequests(config.kubeconfig), config.reclaimspace_poll_interval)
