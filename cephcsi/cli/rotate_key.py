@@ -36,9 +36,9 @@ from cephcsi.node import exec as node_exec
 from cephcsi.node.image_meta import RbdImageMetadata
 from cephcsi.node.journal_owner import JournalOwner
 from cephcsi.node.key_rotation import (
-    ClusterLock,
     CryptsetupSlots,
     KmsKeyStore,
+    RotationLock,
     find_stage,
     node_lock,
     refuse_default,
@@ -117,7 +117,7 @@ def run(a: argparse.Namespace, secrets: Mapping[str, str]) -> str:
     keys = VolumeKeys(a.kms_config, secret_reader=LazyKubeReader(),
                       namespace=os.environ.get("POD_NAMESPACE", ""))
     kms = keys.kms(spec, secrets, JournalOwner.beside(metadata).read(a.volume_id))
-    cluster_lock = ClusterLock(node_exec.run, a.command_timeout, record.image_spec, cluster.mon_host, credentials,
+    cluster_lock = RotationLock(node_exec.run, a.command_timeout, record.image_spec, cluster.mon_host, credentials,
                                a.volume_id, socket.gethostname())
     try:
         with node_lock(a.runtime_dir, a.volume_id), cluster_lock.held() as still_locked:

@@ -14,32 +14,55 @@ the open, so unstage (or a resumed stage) closes whatever an interrupted stage l
 resumed stage whose mapping is still open needs no passphrase at all. The state goes to
 "encrypted" only after luksFormat returned, and a crash between the two is settled by the next
 stage (it finds the header, keeps it, and records the state).
+
+Two nodes (a Block volume with ReadWriteMany) may stage a "encryptionPrepared" volume at once:
+both would see a blank device and luksFormat it, the second header replacing the first while the
+first node writes through a volume key no header holds any more. So the first format runs under
+the volume's cluster lock (cephcsi.node.volume_lock, the one key rotations take): read the state
+again, probe, luksFormat, record "encrypted" — all while holding it. A stage that finds the lock
+taken waits for it (up to FORMAT_WAIT seconds, then ABORTED: kubelet retries), reads the state
+again and opens the header the other node wrote. Opening an "encrypted" volume takes no lock.
+A stage killed while holding the lock leaves it to lapse after FORMAT_LOCK_SECONDS.
 """
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from cephcsi.encryption import volume_keys
 from cephcsi.encryption.spec import EncryptionSpec
-from cephcsi.errors import FailedPrecondition
+from cephcsi.errors import FailedPrecondition, OperationInFlight
 from cephcsi.node import devices, luks
 from cephcsi.node.image_meta import RbdImageMetadata
 from cephcsi.node.journal_owner import JournalOwner
 from cephcsi.node.luks_keys import KeySource
 from cephcsi.node.requests import StageRequest
 from cephcsi.node.stage_record import StageRecord
+from cephcsi.node.volume_lock import ClusterLock
 from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)
 
+FORMAT_WAIT = 90.0
+"""How long a stage waits for another node's format (a luksFormat takes seconds; under the lock
+also a few `rados`/`rbd` runs) before it gives up with ABORTED."""
+FORMAT_LOCK_SECONDS = 300
+"""The lapse of a format's lock: a stage killed while formatting blocks the volume this long at
+most; far longer than one format (whose cryptsetup run is bounded by the command timeout)."""
+
 
 class LuksStage:
     def __init__(self, cryptsetup: luks.Luks, keys: Callable[[], KeySource],
-                 metadata: Callable[[StageRequest], RbdImageMetadata]) -> None:
+                 metadata: Callable[[StageRequest], RbdImageMetadata],
+                 format_wait: float = FORMAT_WAIT, holder: str = "") -> None:
         self.cryptsetup = cryptsetup
         self._keys = keys
         self.metadata = metadata
+        self.format_wait = format_wait
+        self.holder = holder or socket.gethostname()
 
     def open(self, record: StageRecord, request: StageRequest, spec: EncryptionSpec) -> bool:
         """Make /dev/mapper/<record.crypt_name> the open LUKS device over record.device; True when
@@ -50,6 +73,33 @@ class LuksStage:
             return False
         meta = self.metadata(request)
         values = meta.read()
+        state = self._known_state(values, record, request)
+        passphrase = self._passphrase(values, record, request, spec, meta)
+        if state == volume_keys.PREPARED and not record.read_only:
+            with self._format_lock(meta, record.volume_id):
+                # Another node may have formatted it (and even rotated its key) while this one
+                # waited: the state read under the lock is the one that counts.
+                values = meta.read()
+                state = self._known_state(values, record, request)
+                if state == volume_keys.PREPARED:
+                    self._format_once(record, meta, passphrase)
+                else:
+                    log.info("volume formatted by another node meanwhile; opening its header",
+                             extra=fields(volume_id=record.volume_id))
+                    passphrase = self._passphrase(values, record, request, spec, meta)
+        elif state == volume_keys.PREPARED:
+            self._format_once(record, meta, passphrase)  # read-only: never formats, so takes no lock
+        if state == volume_keys.ENCRYPTED and not self.cryptsetup.is_luks(record.device):
+            raise FailedPrecondition(
+                f"image {request.image} of volume {record.volume_id} is marked {volume_keys.ENCRYPTED!r} but its "
+                f"device {record.device} holds no LUKS header; it is not formatted again (that could hide data). "
+                "Inspect the image by hand"
+            )
+        self.cryptsetup.open(record.device, record.crypt_name, passphrase, record.volume_id, read_only=record.read_only)
+        return True
+
+    @staticmethod
+    def _known_state(values: dict[str, str], record: StageRecord, request: StageRequest) -> str:
         state = volume_keys.state_of(values)
         if state not in (volume_keys.PREPARED, volume_keys.ENCRYPTED):
             raise FailedPrecondition(
@@ -58,18 +108,12 @@ class LuksStage:
                 f"{volume_keys.PREPARED!r} nor {volume_keys.ENCRYPTED!r}; it was not created as an encrypted volume "
                 "(or its CreateVolume did not finish), so it is neither formatted nor opened"
             )
-        passphrase = self._keys().passphrase(values, record.volume_id, spec, request.secrets,
-                                             tenant=lambda: JournalOwner.beside(meta).read(record.volume_id))
-        if state == volume_keys.PREPARED:
-            self._format_once(record, meta, passphrase)
-        elif not self.cryptsetup.is_luks(record.device):
-            raise FailedPrecondition(
-                f"image {request.image} of volume {record.volume_id} is marked {volume_keys.ENCRYPTED!r} but its "
-                f"device {record.device} holds no LUKS header; it is not formatted again (that could hide data). "
-                "Inspect the image by hand"
-            )
-        self.cryptsetup.open(record.device, record.crypt_name, passphrase, record.volume_id, read_only=record.read_only)
-        return True
+        return state
+
+    def _passphrase(self, values: dict[str, str], record: StageRecord, request: StageRequest, spec: EncryptionSpec,
+                    meta: RbdImageMetadata) -> str:
+        return self._keys().passphrase(values, record.volume_id, spec, request.secrets,
+                                       tenant=lambda: JournalOwner.beside(meta).read(record.volume_id))
 
     def _format_once(self, record: StageRecord, meta: RbdImageMetadata, passphrase: str) -> None:
         if record.read_only:
@@ -84,6 +128,24 @@ class LuksStage:
             if self.cryptsetup.format(record.device, passphrase, record.volume_id):
                 log.info("volume formatted with LUKS2", extra=fields(volume_id=record.volume_id))
             meta.set(volume_keys.STATE_KEY, volume_keys.ENCRYPTED)
+
+    @contextmanager
+    def _format_lock(self, meta: RbdImageMetadata, volume_id: str) -> Iterator[None]:
+        # A cookie of this attempt alone: release must never break another stage's lock (two
+        # plugins may share a host name, as in tests/vm/test_concurrent_format.py).
+        lock = ClusterLock(meta.runner, meta.timeout, meta.image, meta.monitors, meta.credentials, volume_id,
+                           f"cephcsi-format@{self.holder}/{uuid.uuid4().hex[:12]}",
+                           f"cephcsi LUKS format on {self.holder}", duration=FORMAT_LOCK_SECONDS)
+        if not lock.wait(self.format_wait):
+            raise OperationInFlight(
+                f"another node is formatting volume {volume_id} (or rotating its key): its lock was still held "
+                f"after {self.format_wait:g} s; retry (a lock whose holder died lapses {FORMAT_LOCK_SECONDS} s "
+                "after it was taken)"
+            )
+        try:
+            yield
+        finally:
+            lock.release()
 
     def close(self, record: StageRecord) -> None:
         if record.crypt_name:

@@ -67,15 +67,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from cephcsi.ceph.credentials import Credentials, key_file
+from cephcsi.ceph.credentials import Credentials
 from cephcsi.encryption import volume_keys
 from cephcsi.encryption.kms.base import Kms
 from cephcsi.encryption.spec import EncryptionSpec
 from cephcsi.errors import DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, OperationInFlight
 from cephcsi.node import luks, stage_record
-from cephcsi.node.exec import CommandFailed, Result, Runner
+from cephcsi.node.exec import CommandFailed, Runner
 from cephcsi.node.image_meta import RbdImageMetadata
-from cephcsi.node.mappers.rbd_cli import translate
+from cephcsi.node.volume_lock import LOCK_SECONDS, ClusterLock
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import failpoints
 
@@ -318,22 +318,13 @@ def find_stage(kubelet_dir: str, volume_id: str, staging_path: str = "") -> stag
 
 # -- one rotation of a volume at a time, across nodes ---------------------------------------------
 
-LOCK_SECONDS = 600
-"""How long the cluster lock lasts: far longer than a rotation (about ten cryptsetup runs of a few
-seconds each), short enough that a node that died holding it does not block the volume for long."""
 LOCK_MARGIN = 60.0
 """No KMS write later than this before the lock lapses."""
-_BUSY = "Device or resource busy"
-
-
-def lock_name(volume_id: str) -> str:
-    """ceph-csi's (internal/rbd/encryption.go RotateEncryptionKey)."""
-    return f"{volume_id}-mutexlock"
 
 
 @dataclass(frozen=True)
-class ClusterLock:
-    """The exclusive cls_lock of a volume's rotations, taken and released with the `rados` tool."""
+class RotationLock:
+    """The volume's cluster lock (cephcsi.node.volume_lock) as a rotation on `host` holds it."""
 
     runner: Runner = field(repr=False)
     timeout: float
@@ -347,61 +338,32 @@ class ClusterLock:
     def cookie(self) -> str:
         return f"cephcsi-rotate-key@{self.host}"
 
-    def _run(self, args: list[str], what: str, ok_codes: tuple[int, ...] = (0,)) -> Result:
-        pool = ["--pool", self.image.pool] + (["--namespace", self.image.namespace] if self.image.namespace else [])
-        with key_file(self.credentials) as keyfile:
-            try:
-                return self.runner(["rados", *pool, "--id", self.credentials.user_id, "-m", self.monitors,
-                                    f"--keyfile={keyfile}", *args], what=what, timeout=self.timeout,
-                                   ok_codes=ok_codes, secrets=(self.credentials.key,))
-            except CommandFailed as error:
-                raise translate(error, what, self.image) from None
-
-    def _get(self) -> bool:
-        result = self._run(["lock", "get", self.volume_id, lock_name(self.volume_id), "--lock-type", "exclusive",
-                            "--lock-cookie", self.cookie, "--lock-duration", str(LOCK_SECONDS),
-                            "--lock-description", f"cephcsi rotate-key on {self.host}"],
-                           f"lock the key rotation of volume {self.volume_id}", ok_codes=(0, 1))
-        if result.returncode == 0:
-            return True
-        if _BUSY in result.stderr:
-            return False
-        raise CommandFailed(result, f"lock the key rotation of volume {self.volume_id}")
-
-    def lockers(self) -> list[dict[str, str]]:
-        result = self._run(["lock", "info", self.volume_id, lock_name(self.volume_id), "--format", "json"],
-                           f"read the key rotation lock of volume {self.volume_id}", ok_codes=(0, 1))
-        if result.returncode != 0:
-            return []  # no such lock (any more)
-        try:
-            found = json.loads(result.stdout).get("lockers", [])
-            return [{key: str(value) for key, value in locker.items()} for locker in found]
-        except (ValueError, AttributeError):
-            raise Internal(f"`rados lock info` printed no lockers for volume {self.volume_id}") from None
-
-    def _break(self, locker: str) -> None:
-        self._run(["lock", "break", self.volume_id, lock_name(self.volume_id), locker, "--lock-cookie", self.cookie],
-                  f"release the key rotation lock of volume {self.volume_id}", ok_codes=(0, 1))
+    @property
+    def lock(self) -> ClusterLock:
+        return ClusterLock(self.runner, self.timeout, self.image, self.monitors, self.credentials, self.volume_id,
+                           self.cookie, f"cephcsi rotate-key on {self.host}")
 
     @contextmanager
     def held(self) -> Iterator[Callable[[], None]]:
         """Hold the lock (call only under this host's node_lock); yields the check to run before the
         KMS write."""
-        if not self._get():
-            lockers = self.lockers()
+        lock = self.lock
+        if not lock.take():
+            lockers = lock.lockers()
             others = [f"{l.get('name')} ({l.get('description') or l.get('cookie')})" for l in lockers
                       if l.get("cookie") != self.cookie]
             if others:
                 raise OperationInFlight(
-                    f"another key rotation of volume {self.volume_id} holds its lock ({', '.join(others)}): a "
-                    f"rotation on another node, or by ceph-csi. Retry when it is done; a lock whose holder died "
+                    f"another key rotation or LUKS format of volume {self.volume_id} holds its lock "
+                    f"({', '.join(others)}): on another node, or by ceph-csi. Retry when it is done; a lock whose "
+                    "holder died "
                     f"lapses {LOCK_SECONDS} s after it was taken"
                 )
             for locker in lockers:  # this host's: its run is dead, since this run holds the host's flock
                 log.info("breaking the key rotation lock a killed run of this node left",
                          extra=fields(volume_id=self.volume_id, locker=locker.get("name", "")))
-                self._break(locker.get("name", ""))
-            if not self._get():
+                lock.break_locker(locker.get("name", ""))
+            if not lock.take():
                 raise OperationInFlight(f"the key rotation lock of volume {self.volume_id} was taken meanwhile")
         lapse = time.monotonic() + LOCK_SECONDS - LOCK_MARGIN
 
@@ -415,6 +377,4 @@ class ClusterLock:
         try:
             yield still_locked
         finally:
-            for locker in self.lockers():
-                if locker.get("cookie") == self.cookie:
-                    self._break(locker.get("name", ""))
+            lock.release()

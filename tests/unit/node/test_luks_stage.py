@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 
 import pytest
 
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.encryption.spec import EncryptionSpec
-from cephcsi.errors import FailedPrecondition, InvalidArgument
+from cephcsi.errors import FailedPrecondition, InvalidArgument, OperationInFlight
 from cephcsi.node import stage_record
 from cephcsi.node.mappers.base import KRBD, MapRequest
 from cephcsi.node.mounts import MountEntry
@@ -87,8 +88,38 @@ class Cluster:
         self.blkid = blkid
         self.is_luks = is_luks
         self.open = False
+        # The volume's cls_lock: its holder's cookie, and what "another node" does while it holds it.
+        self.holder: str | None = None
+        self.busy: list[str] = []
+        self.other_finishes: Callable[[], None] | None = None
+
+    def _lock(self, argv: list[str]) -> tuple[int, str, str]:
+        op = argv[argv.index("lock") + 1]
+        assert argv[argv.index("lock") + 3] == f"{VOLUME}-mutexlock"
+        if op == "get":
+            cookie = argv[argv.index("--lock-cookie") + 1]
+            if self.holder is not None:
+                self.busy.append(cookie)
+                self.events.log.append("lock busy")
+                if self.other_finishes is not None:
+                    self.other_finishes()
+                return 1, "", "rados: lock get failed: (16) Device or resource busy"
+            self.holder = cookie
+            self.events.log.append("lock get")
+            return 0, "", ""
+        if op == "info":
+            if self.holder is None:
+                return 1, "", "(2) No such file or directory"
+            return 0, json.dumps({"name": f"{VOLUME}-mutexlock", "type": "exclusive", "lockers": [
+                {"name": "client.4242", "cookie": self.holder, "description": "", "expiration": "x", "addr": "y"}]}), ""
+        assert op == "break" and argv[argv.index("--lock-cookie") + 1] == self.holder
+        self.holder = None
+        self.events.log.append("lock break")
+        return 0, "", ""
 
     def respond(self, argv: list[str]) -> tuple[int, str, str] | None:
+        if argv[0] == "rados" and "lock" in argv:
+            return self._lock(argv)
         if argv[:3] == ["rbd", "image-meta", "list"]:
             self.events.log.append("meta list")
             return 0, json.dumps(self.metadata), ""
@@ -156,7 +187,10 @@ def test_first_stage_formats_marks_and_opens_and_binds_the_mapping(
     stager, runner = make(cluster, events, FakeMapper(device, events))
     staging = staging_dir(tmp_path)
     stager.stage(request(staging))
-    assert events.log == ["map", "meta list", "luksFormat", "meta set encrypted", "luksOpen", f"bind /dev/mapper/{NAME}"]
+    # Under the volume's cluster lock: the state read again, the format, the new state; then released.
+    assert events.log == ["map", "meta list", "lock get", "meta list", "luksFormat", "meta set encrypted",
+                          "lock break", "luksOpen", f"bind /dev/mapper/{NAME}"]
+    assert cluster.holder is None
     assert cluster.metadata[STATE] == "encrypted"
     record = stage_record.load(staging)
     assert record is not None and record.staged and record.crypt_name == NAME and record.encryption == "block"
@@ -170,6 +204,7 @@ def test_an_encrypted_volume_is_opened_never_formatted(tmp_path: os.PathLike[str
     stager, _ = make(cluster, events, FakeMapper(device, events))
     stager.stage(request(staging_dir(tmp_path)))
     assert "luksFormat" not in events.log and "luksOpen" in events.log
+    assert "lock get" not in events.log  # opening an encrypted volume takes no lock
 
 
 def test_a_header_an_interrupted_stage_wrote_is_kept_and_the_state_finished(
@@ -252,3 +287,47 @@ def test_unstage_without_a_record_closes_the_mapping_it_finds_mounted(
     stager.unstage(VOLUME, staging)
     assert events.log == ["unmount", "luksClose"]
     assert not cluster.open
+
+
+def test_a_format_by_another_node_is_waited_for_and_its_header_opened(
+        tmp_path: os.PathLike[str], device: str, events: Events) -> None:
+    """Two nodes staging one prepared volume: this one finds the lock taken, waits, then reads the
+    state again under the lock and opens the header the other node wrote — never formats."""
+    cluster = Cluster(device, events, "encryptionPrepared")
+    cluster.holder = "cephcsi-format@other-node/1"
+
+    def other_node_done() -> None:  # the other node's format completes while this one waits
+        cluster.metadata[STATE] = "encrypted"
+        cluster.is_luks = True
+        cluster.blkid = "TYPE=crypto_LUKS\nUSAGE=crypto\n"
+        cluster.holder = None
+
+    cluster.other_finishes = other_node_done
+    stager, _ = make(cluster, events, FakeMapper(device, events))
+    stager.crypt.format_wait = 5.0
+    stager.stage(request(staging_dir(tmp_path)))
+    assert events.log[:6] == ["map", "meta list", "lock busy", "lock get", "meta list", "lock break"]
+    assert "luksFormat" not in events.log and "meta set encrypted" not in events.log
+    assert "luksOpen" in events.log and cluster.holder is None
+
+
+def test_a_lock_held_too_long_aborts_the_stage_and_formats_nothing(
+        tmp_path: os.PathLike[str], device: str, events: Events) -> None:
+    cluster = Cluster(device, events, "encryptionPrepared")
+    cluster.holder = "cephcsi-rotate-key@other-node"
+    mapper = FakeMapper(device, events)
+    stager, _ = make(cluster, events, mapper)
+    stager.crypt.format_wait = 0.0
+    with pytest.raises(OperationInFlight, match=f"another node is formatting volume {VOLUME}.*retry"):
+        stager.stage(request(staging_dir(tmp_path)))
+    assert "luksFormat" not in events.log and "luksOpen" not in events.log
+    assert cluster.holder == "cephcsi-rotate-key@other-node"  # another's lock is never broken
+    assert cluster.metadata == {STATE: "encryptionPrepared"}  # the map stays for the retry
+
+
+def test_a_failed_format_releases_the_lock(tmp_path: os.PathLike[str], device: str, events: Events) -> None:
+    cluster = Cluster(device, events, "encryptionPrepared", blkid="TYPE=ext4\nUSAGE=filesystem\n")
+    stager, _ = make(cluster, events, FakeMapper(device, events))
+    with pytest.raises(FailedPrecondition, match="already holds"):
+        stager.stage(request(staging_dir(tmp_path)))
+    assert "lock get" in events.log and cluster.holder is None

@@ -1,0 +1,100 @@
+"""A volume's cluster-wide exclusive lock: ceph-csi's `<volume id>-mutexlock` cls_lock on the RADOS
+object named after the volume id, in the image's pool and namespace (internal/rbd/encryption.go
+RotateEncryptionKey takes it), taken and released with the `rados` tool — the node has no
+librados connection of its own.
+
+Who takes it: a key rotation (cephcsi.node.key_rotation) and the first LUKS format of a volume
+(cephcsi.node.encrypted_stage), so two nodes never format one volume at once, and a rotation never
+runs while a format does; ceph-csi's rotations are excluded too.
+
+The lock lapses `duration` seconds after it was taken (each `rados` run is a new client, so it
+cannot be renewed): a holder that died frees the volume by itself. Each holder names itself by
+its cookie; release breaks only the lockers with that cookie.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cephcsi.ceph.credentials import Credentials, key_file
+from cephcsi.errors import Internal
+from cephcsi.node.exec import CommandFailed, Result, Runner
+from cephcsi.node.mappers.rbd_cli import translate
+from cephcsi.node.stage_record import ImageSpec
+
+LOCK_SECONDS = 600
+"""The default lapse: far longer than a rotation, short enough that a dead holder does not block
+the volume for long."""
+_BUSY = "Device or resource busy"
+
+
+def lock_name(volume_id: str) -> str:
+    """ceph-csi's (internal/rbd/encryption.go RotateEncryptionKey)."""
+    return f"{volume_id}-mutexlock"
+
+
+@dataclass(frozen=True)
+class ClusterLock:
+    runner: Runner = field(repr=False)
+    timeout: float
+    image: ImageSpec
+    monitors: str
+    credentials: Credentials = field(repr=False)
+    volume_id: str
+    cookie: str
+    description: str
+    duration: int = LOCK_SECONDS
+
+    def _run(self, args: list[str], what: str, ok_codes: tuple[int, ...] = (0,)) -> Result:
+        pool = ["--pool", self.image.pool] + (["--namespace", self.image.namespace] if self.image.namespace else [])
+        with key_file(self.credentials) as keyfile:
+            try:
+                return self.runner(["rados", *pool, "--id", self.credentials.user_id, "-m", self.monitors,
+                                    f"--keyfile={keyfile}", *args], what=what, timeout=self.timeout,
+                                   ok_codes=ok_codes, secrets=(self.credentials.key,))
+            except CommandFailed as error:
+                raise translate(error, what, self.image) from None
+
+    def take(self) -> bool:
+        """Take the lock; False when another locker holds it."""
+        what = f"lock volume {self.volume_id}"
+        result = self._run(["lock", "get", self.volume_id, lock_name(self.volume_id), "--lock-type", "exclusive",
+                            "--lock-cookie", self.cookie, "--lock-duration", str(self.duration),
+                            "--lock-description", self.description], what, ok_codes=(0, 1))
+        if result.returncode == 0:
+            return True
+        if _BUSY in result.stderr:
+            return False
+        raise CommandFailed(result, what)
+
+    def wait(self, seconds: float, interval: float = 1.0, sleep: Callable[[float], None] = time.sleep) -> bool:
+        """Take the lock, retrying while another holds it, for up to `seconds`; False if it never came."""
+        deadline = time.monotonic() + seconds
+        while True:
+            if self.take():
+                return True
+            if time.monotonic() + interval > deadline:
+                return False
+            sleep(interval)
+
+    def lockers(self) -> list[dict[str, str]]:
+        result = self._run(["lock", "info", self.volume_id, lock_name(self.volume_id), "--format", "json"],
+                           f"read the lock of volume {self.volume_id}", ok_codes=(0, 1))
+        if result.returncode != 0:
+            return []  # no such lock (any more)
+        try:
+            found = json.loads(result.stdout).get("lockers", [])
+            return [{key: str(value) for key, value in locker.items()} for locker in found]
+        except (ValueError, AttributeError):
+            raise Internal(f"`rados lock info` printed no lockers for volume {self.volume_id}") from None
+
+    def break_locker(self, locker: str) -> None:
+        self._run(["lock", "break", self.volume_id, lock_name(self.volume_id), locker, "--lock-cookie", self.cookie],
+                  f"release the lock of volume {self.volume_id}", ok_codes=(0, 1))
+
+    def release(self) -> None:
+        for locker in self.lockers():
+            if locker.get("cookie") == self.cookie:
+                self.break_locker(locker.get("name", ""))
