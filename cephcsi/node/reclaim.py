@@ -10,7 +10,8 @@ What is trimmed, as ceph-csi's NodeReclaimSpace decides:
   `blkdiscard` of the device would destroy its data. Its zeroed objects come back through the
   controller's sparsify once no node uses it (cephcsi.ceph.sparsify);
 - a volume staged read-only: nothing (a read-only mount cannot be trimmed, and another node may
-  be writing it).
+  be writing it);
+- a LUKS-encrypted volume: nothing (its dm-crypt mapping is opened without allow-discards).
 
 Exclusion: the trim holds the node's per-volume lock (NodeService.volume_locks) non-blocking, so
 it never runs while the volume is being staged, unstaged, expanded or published; a busy volume is
@@ -67,6 +68,10 @@ def why_not(record: stage_record.StageRecord) -> str:
         return "a Block volume: only the application knows its free ranges (the controller sparsifies it when unused)"
     if record.read_only:
         return "staged read-only"
+    if record.crypt_name:
+        # The LUKS mapping is opened without allow-discards (as ceph-csi opens it): a discard
+        # would tell the storage which blocks are free, so fstrim could only fail.
+        return "LUKS-encrypted: its dm-crypt mapping does not pass discards"
     return ""
 
 

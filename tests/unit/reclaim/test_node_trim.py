@@ -37,6 +37,7 @@ def test_fstrim_runs_on_the_staging_mount_and_counts_its_bytes() -> None:
     ({"access_type": stage_record.ACCESS_BLOCK}, [mount(f"{STAGING}/block")], "Block volume"),
     ({"read_only": True}, [mount(f"{STAGING}/fs")], "read-only"),
     ({"staged": False}, [mount(f"{STAGING}/fs")], "not completely staged"),
+    ({"crypt_name": "luks-rbd-vol-1", "encryption": "block"}, [mount(f"{STAGING}/fs")], "LUKS-encrypted"),
     ({}, [], "is not mounted"),
     ({}, [mount("/var/lib/kubelet")], "is not mounted"),  # fstrim would trim the kubelet disk
     ({}, [mount(f"{STAGING}/fs", ("ro",))], "mounted read-only"),
