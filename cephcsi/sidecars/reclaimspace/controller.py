@@ -36,7 +36,7 @@ from cephcsi.kube.informer import Informer
 from cephcsi.observability.logging import fields
 from cephcsi.sidecars import objects
 from cephcsi.sidecars.api import KubeApi
-from cephcsi.sidecars.calls import CsiCalls
+from cephcsi.sidecars.calls import CsiCalls, Stopping
 from cephcsi.sidecars.provisioner import secrets
 from cephcsi.sidecars.reclaimspace import due
 from cephcsi.sidecars.reclaimspace.api import ReclaimApi
@@ -121,6 +121,8 @@ class ReclaimSpaceLoop:
             credentials = self._credentials(item)
             result = ctx.calls.run("ReclaimSpace", item.volume_id,
                                    lambda: ctx.sparsify(item.volume_id, credentials), self._stop)
+        except Stopping:
+            return  # the term ends: nothing recorded, the next leader runs it
         except CephCSIError as error:
             outcome, event_type, message = f"error: {error.message}", WARNING, error.message
             log.warning("reclaim space failed", extra=fields(claim=item.claim_key, error=error.message))

@@ -1,0 +1,109 @@
+"""One pass of the leader's reclaim-space loop with fake API objects: what is recorded on the
+claim for a sparsified, a busy and a failed volume, and nothing when the term ends mid-call."""
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import pytest
+
+from cephcsi.ceph.credentials import Credentials
+from cephcsi.ceph.sparsify import Sparsified
+from cephcsi.errors import Internal
+from cephcsi.kube.events import EventRecorder
+from cephcsi.kube.informer import Informer
+from cephcsi.sidecars.api import KubeApi
+from cephcsi.sidecars.calls import CsiCalls, Stopping
+from cephcsi.sidecars.reclaimspace.api import ReclaimApi
+from cephcsi.sidecars.reclaimspace.controller import ReclaimContext, ReclaimSpaceLoop
+from cephcsi.volumes import reclaim
+
+pytestmark = pytest.mark.unit
+
+DRIVER = "rbd.csi.ceph.com"
+NOW = datetime(2026, 11, 27, 19, 0, tzinfo=UTC)
+KEY = "AQBqWlhl0Pr7KRAAu0UK6yHcLEm0BRmrwSmCJA=="
+
+
+class Store:
+    def __init__(self, items: dict[str, dict[str, Any]]) -> None:
+        self.items = items
+
+    def list(self) -> list[dict[str, Any]]:
+        return list(self.items.values())
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self.items.get(key)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, str, dict[str, str]]] = []
+        self.events: list[tuple[str, str]] = []
+
+    def annotate_claim(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self.patches.append((namespace, name, annotations))
+
+    def event(self, obj: Any, event_type: str, reason: str, message: str) -> None:
+        self.events.append((event_type, reason))
+
+    def read_secret(self, namespace: str, name: str) -> dict[str, str]:
+        return {"userID": "csi", "userKey": KEY}
+
+
+def claim(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}", "creationTimestamp": "2026-11-01T00:00:00Z",
+                         "annotations": {reclaim.SCHEDULE_ANNOTATION: "@daily"}},
+            "spec": {"volumeName": f"pv-{name}", "storageClassName": "sc"}, "status": {"phase": "Bound"}}
+
+
+def pv(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": f"pv-{name}"}, "spec": {"csi": {
+        "driver": DRIVER, "volumeHandle": f"vol-{name}",
+        "controllerExpandSecretRef": {"name": "s", "namespace": "ceph"}}}}
+
+
+def run_pass(sparsify: Any, names: list[str], stop: threading.Event | None = None) -> Recorder:
+    recorder = Recorder()
+    ctx = ReclaimContext(
+        driver_name=DRIVER,
+        claims=cast(Informer, Store({f"ns/{n}": claim(n) for n in names})),
+        volumes=cast(Informer, Store({f"pv-{n}": pv(n) for n in names})),
+        classes=cast(Informer, Store({"sc": {"metadata": {"name": "sc"}}})),
+        api=cast(KubeApi, recorder), writer=cast(ReclaimApi, recorder), events=cast(EventRecorder, recorder),
+        calls=CsiCalls(max_workers=1, timeout=10.0), sparsify=sparsify, now=lambda: NOW)
+    loop = ReclaimSpaceLoop(ctx)
+    if stop is not None:
+        loop._stop = stop
+    loop.reconcile()
+    return recorder
+
+
+def test_each_outcome_is_recorded_on_its_claim() -> None:
+    def sparsify(volume_id: str, credentials: Credentials) -> Sparsified:
+        assert credentials.user_id == "csi"
+        if volume_id == "vol-busy":
+            return Sparsified("img", in_use=True, used_before=8, used_after=8)
+        if volume_id == "vol-bad":
+            raise Internal("sparsify img failed: timed out")
+        return Sparsified("img", in_use=False, used_before=8 << 20, used_after=0)
+
+    recorder = run_pass(sparsify, ["bad", "busy", "good"])
+    results = {name: notes[reclaim.RESULT_ANNOTATION] for _ns, name, notes in recorder.patches}
+    assert results == {"bad": "error: sparsify img failed: timed out",
+                       "busy": "skipped: in use (the node that stages it trims it)", "good": "reclaimed 8388608"}
+    assert {notes[reclaim.LAST_RUN_ANNOTATION] for _ns, _name, notes in recorder.patches} == {"2026-11-27T19:00:00Z"}
+    assert sorted(recorder.events) == [("Normal", "ReclaimSpace"), ("Normal", "ReclaimSpace"),
+                                       ("Warning", "ReclaimSpaceFailed")]
+
+
+def test_a_term_that_ends_mid_call_records_nothing() -> None:
+    stop = threading.Event()
+
+    def sparsify(volume_id: str, credentials: Credentials) -> Sparsified:
+        stop.set()
+        raise Stopping("loop stopping")
+
+    recorder = run_pass(sparsify, ["a", "b"], stop=stop)
+    assert recorder.patches == [] and recorder.events == []
