@@ -1,4 +1,4 @@
-"""The header probe's reading of cls_rbd's encoded SnapContext (cephcsi.volumes.dependents)."""
+"""The header probe's reading of cls_rbd's encoded SnapContext (cephcsi.ceph.dependents)."""
 from __future__ import annotations
 
 import pytest
