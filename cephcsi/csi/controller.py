@@ -13,6 +13,7 @@ from cephcsi.errors import InvalidArgument, NotFound, Unimplemented
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import expansion
 from cephcsi.volumes import metadata as image_owner
+from cephcsi.volumes import modify
 from cephcsi.volumes.capacity import choose_size
 from cephcsi.volumes.manager import CreateRequest, VolumeManager
 from cephcsi.volumes.parameters import VolumeParameters
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 _RPC = csi_pb2.ControllerServiceCapability.RPC
 STATIC_VOLUME = "staticVolume"
 CAPABILITIES = (_RPC.CREATE_DELETE_VOLUME, _RPC.SINGLE_NODE_MULTI_WRITER, _RPC.EXPAND_VOLUME,
-                _RPC.CREATE_DELETE_SNAPSHOT, _RPC.LIST_SNAPSHOTS, _RPC.CLONE_VOLUME, _RPC.GET_CAPACITY)
+                _RPC.CREATE_DELETE_SNAPSHOT, _RPC.LIST_SNAPSHOTS, _RPC.CLONE_VOLUME, _RPC.GET_CAPACITY,
+                _RPC.MODIFY_VOLUME)
 PUBLISH_CAPABILITIES = (_RPC.PUBLISH_UNPUBLISH_VOLUME,)
 """With a Publisher: ControllerPublish records the node holding the volume and refuses a second
 writer node; ControllerUnpublish fences a node out of service (cephcsi.volumes.publish)."""
@@ -56,6 +58,7 @@ class ControllerServicer(SnapshotRpcs, CapacityRpcs, ServicerBase, csi_pb2_grpc.
         if source is not None and self.volumes.cloner is None:
             raise InvalidArgument("volume_content_source: snapshots and clones are not enabled in this driver")
         params = VolumeParameters.parse(request.parameters)
+        qos_policy = modify.create_policy(request.parameters, request.mutable_parameters)
         required, limit = request.capacity_range.required_bytes, request.capacity_range.limit_bytes
         size = choose_size(required, limit)
         volume = self.volumes.create(
@@ -71,6 +74,10 @@ class ControllerServicer(SnapshotRpcs, CapacityRpcs, ServicerBase, csi_pb2_grpc.
                 secrets=request.secrets,
             )
         )
+        if not qos_policy.empty or source is not None:
+            # After the image exists, so a retried CreateVolume (the CO retries until it gets an
+            # answer) sets what a crash here left unset; a clone also drops its source's limits.
+            modify.apply(self.volumes, volume.volume_id.encode(), qos_policy, Credentials.from_secrets(request.secrets))
         return csi_pb2.CreateVolumeResponse(
             volume=csi_pb2.Volume(
                 volume_id=volume.volume_id.encode(), capacity_bytes=volume.size, volume_context=volume.context,
@@ -135,6 +142,16 @@ class ControllerServicer(SnapshotRpcs, CapacityRpcs, ServicerBase, csi_pb2_grpc.
         # LUKS mapping must grow on the node (`cryptsetup resize`), as ceph-csi answers too.
         return csi_pb2.ControllerExpandVolumeResponse(capacity_bytes=result.size,
                                                       node_expansion_required=not block or result.encrypted)
+
+    @rpc
+    def ControllerModifyVolume(
+        self, request: csi_pb2.ControllerModifyVolumeRequest, context: object
+    ) -> csi_pb2.ControllerModifyVolumeResponse:
+        if not request.volume_id:
+            raise InvalidArgument("volume_id is required")
+        modify.modify(self.volumes, request.volume_id, request.mutable_parameters,
+                      Credentials.from_secrets(request.secrets))
+        return csi_pb2.ControllerModifyVolumeResponse()
 
     @rpc
     def ControllerPublishVolume(

@@ -36,7 +36,7 @@ from cephcsi.ceph.credentials import Credentials
 from cephcsi.encryption import volume_keys
 from cephcsi.errors import Internal, InvalidArgument, NotFound, OutOfRange
 from cephcsi.observability.logging import fields
-from cephcsi.volumes import failpoints
+from cephcsi.volumes import failpoints, modify
 from cephcsi.volumes.capacity import MiB, choose_size
 from cephcsi.volumes.journal import VOLUMES, Journal, Record
 from cephcsi.volumes.manager import VolumeManager
@@ -165,8 +165,11 @@ def _grow_locked(io: Ioctx, request: ExpandRequest, record: Record, target: int)
         raise NotFound(f"volume {request.volume_id!r} does not exist (its image {record.image_name!r} is gone)")
     if not grown.changed:
         log.info("volume already has the requested size", extra=fields(volume_id=request.volume_id, bytes=grown.after))
+        # Also on a repeat: the call that grew the image may have died before this step.
+        modify.rescale(io, request.volume_id, record, grown.after)
         return Expanded(grown.after, grown=False, encrypted=_encrypted(record))
     failpoints.reach("expand.after-resize")
+    modify.rescale(io, request.volume_id, record, grown.after)
     log.info(
         "volume expanded",
         extra=fields(volume_id=request.volume_id, image=record.image_name, before=grown.before, after=grown.after),

@@ -4,7 +4,8 @@ the parameter, and turned into the volume context the node plugin needs.
 Unknown parameters are refused rather than ignored: a misspelt `imageFeatures`, or a ceph-csi
 option this driver does not implement (say `topologyConstrainedPools`), must not silently produce
 a volume other than the one asked for. Keys under `csi.storage.k8s.io/` belong to Kubernetes.
-Encryption (`encrypted`, `encryptionType`, `encryptionKMSID`) is cephcsi.encryption.spec's.
+Encryption (`encrypted`, `encryptionType`, `encryptionKMSID`) is cephcsi.encryption.spec's; the
+RBD QoS keys (`baseIops`, …) are cephcsi.volumes.qos's.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cephcsi.encryption import spec as encryption
+from cephcsi.volumes import qos
 from cephcsi.encryption.spec import EncryptionSpec
 from cephcsi.errors import InvalidArgument
 
@@ -29,7 +31,7 @@ FSTYPE_KEY = "csi.storage.k8s.io/fstype"
 # Passed through to the node plugin unchanged; it validates them where they are used.
 NODE_KEYS = ("mounter", "mapOptions", "unmapOptions", "mkfsOptions")
 KNOWN_KEYS = ("clusterID", "pool", "dataPool", "imageFeatures", "imageFormat", "volumeNamePrefix", *NODE_KEYS,
-              *encryption.KEYS)
+              *encryption.KEYS, *qos.KEYS)
 TENANT_KEY = "csi.storage.k8s.io/pvc/namespace"
 """The claim's namespace: ceph-csi's volume Owner, the tenant of per-tenant KMS settings."""
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")

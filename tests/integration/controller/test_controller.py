@@ -158,7 +158,7 @@ def test_controller_capabilities(driver: DriverProcess) -> None:
     RPC = csi_pb2.ControllerServiceCapability.RPC
     assert {c.rpc.type for c in caps} == {RPC.CREATE_DELETE_VOLUME, RPC.SINGLE_NODE_MULTI_WRITER, RPC.EXPAND_VOLUME,
                                           RPC.CREATE_DELETE_SNAPSHOT, RPC.LIST_SNAPSHOTS, RPC.CLONE_VOLUME,
-                                          RPC.PUBLISH_UNPUBLISH_VOLUME, RPC.GET_CAPACITY}
+                                          RPC.PUBLISH_UNPUBLISH_VOLUME, RPC.GET_CAPACITY, RPC.MODIFY_VOLUME}
 
 
 def _bad_creates(cluster: CephTestCluster) -> list[tuple[str, csi_pb2.CreateVolumeRequest, grpc.StatusCode, str]]:

@@ -1,0 +1,109 @@
+"""ControllerModifyVolume (a VolumeAttributesClass change) and the QoS steps of CreateVolume and
+ControllerExpandVolume.
+
+Validate everything, then change: the parameters are parsed in full (cephcsi.volumes.qos)
+before any Ceph call, so a class with one bad key changes nothing at all.
+
+Crash safety and idempotency: the wanted image metadata is a function of the policy and the
+image's size alone, and only keys that differ are written. A call killed between two key
+writes leaves some keys old and some new; its retry (the resizer retries until it succeeds)
+finds the difference and writes the rest. Nothing is journaled because nothing else depends
+on the half-written state: an expansion meanwhile recomputes from whatever policy is stored,
+and the retry of the modify then overwrites it.
+
+Exclusion: the volume's in-process lock, as the other calls that change one volume take it
+(a concurrent expand, delete or second modify of the same volume answers ABORTED). A delete
+from another controller process meanwhile makes the write find no image: NOT_FOUND.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from cephcsi.ceph import images
+from cephcsi.ceph import qos as image_qos
+from cephcsi.ceph.connection import Ioctx
+from cephcsi.ceph.credentials import Credentials
+from cephcsi.errors import NotFound
+from cephcsi.observability.logging import fields
+from cephcsi.volumes import failpoints, qos
+from cephcsi.volumes.journal import Record
+from cephcsi.volumes.manager import VolumeManager
+from cephcsi.volumes.volume_id import MalformedId, VolumeId
+
+log = logging.getLogger(__name__)
+
+
+def modify(volumes: VolumeManager, volume_id: str, mutable_parameters: Mapping[str, str],
+           credentials: Credentials) -> None:
+    """Make the volume's QoS what `mutable_parameters` (a VolumeAttributesClass's parameters,
+    its whole QoS: limits it does not name are removed) describe."""
+    policy = qos.parse(mutable_parameters)
+    apply(volumes, volume_id, policy, credentials)
+
+
+def create_policy(parameters: Mapping[str, str], mutable_parameters: Mapping[str, str]) -> qos.Policy:
+    """CreateVolume's policy: the StorageClass's QoS keys, each overridden by the claim's
+    VolumeAttributesClass (`mutable_parameters`) where both name it."""
+    qos.parse(parameters, field="parameters", allow_other=True)
+    qos.parse(mutable_parameters)
+    merged = {**_canonical(qos.qos_keys(parameters)), **_canonical(mutable_parameters)}
+    return qos.parse(merged, field="parameters and mutable_parameters")
+
+
+def _canonical(parameters: Mapping[str, str]) -> dict[str, str]:
+    return {qos.ALIASES.get(key, key): value for key, value in parameters.items()}
+
+
+def apply(volumes: VolumeManager, volume_id: str, policy: qos.Policy, credentials: Credentials) -> None:
+    try:
+        decoded = VolumeId.decode(volume_id)
+    except MalformedId:
+        raise NotFound(f"volume {volume_id!r} does not exist (not an id issued by this driver)") from None
+    cluster = volumes.clusters.get(decoded.cluster_id)
+    with volumes.id_locks.hold(volume_id), volumes.connections.session(cluster, credentials) as session:
+        pool = session.pool_name(decoded.pool_id)
+        if pool is None:
+            raise NotFound(f"volume {volume_id!r} does not exist (its pool is gone)")
+        with session.ioctx(pool) as io:
+            record = volumes.read_record(session, io, pool, decoded.object_uuid)
+            if record is None:
+                raise NotFound(f"volume {volume_id!r} does not exist")
+            info = images.stat(io, record.image_name)
+            if info is None:
+                raise NotFound(f"volume {volume_id!r} does not exist (its image {record.image_name!r} is gone)")
+            if not _apply_to(io, volume_id, record, policy, info.size):
+                raise NotFound(f"volume {volume_id!r} does not exist (its image {record.image_name!r} is gone)")
+
+
+def rescale(io: Ioctx, volume_id: str, record: Record, size: int) -> None:
+    """After an expansion to `size` bytes: recompute the limits from the policy stored on the
+    image. Run on every expand call, also a repeated one, so a crash between the resize and
+    this step is repaired by the retry."""
+    current = image_qos.read(io, record.image_name, record.image_id)
+    if current is None:
+        return
+    policy = qos.stored(current)
+    if policy.empty:
+        return
+    _write(io, volume_id, record, current, policy.metadata(size))
+
+
+def _apply_to(io: Ioctx, volume_id: str, record: Record, policy: qos.Policy, size: int) -> bool:
+    current = image_qos.read(io, record.image_name, record.image_id)
+    if current is None:
+        return False
+    return _write(io, volume_id, record, current, policy.metadata(size))
+
+
+def _write(io: Ioctx, volume_id: str, record: Record, current: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
+    changes = qos.changes(current, wanted)
+    if not changes:
+        log.info("volume QoS already as asked", extra=fields(volume_id=volume_id))
+        return True
+    done = image_qos.write(io, record.image_name, record.image_id, changes,
+                           between=lambda key: failpoints.reach("modify.between-keys"))
+    if done:
+        log.info("volume QoS changed", extra=fields(volume_id=volume_id, set=sorted(k for k, v in changes.items() if v),
+                                                    removed=sorted(k for k, v in changes.items() if v is None)))
+    return done
