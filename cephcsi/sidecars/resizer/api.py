@@ -39,6 +39,12 @@ class ResizerApi:
         body = {"spec": {"capacity": {"storage": format_bytes(size)}}}
         return self._patch(f"/api/v1/persistentvolumes/{name}", body, f'update capacity of PersistentVolume "{name}"')
 
+    def set_pv_class(self, pv: KubeObject, vac_name: str) -> KubeObject:
+        name = objects.name(pv)
+        body = {"spec": {"volumeAttributesClassName": vac_name}}
+        return self._patch(f"/api/v1/persistentvolumes/{name}", body,
+                           f'update volumeAttributesClassName of PersistentVolume "{name}"')
+
     def _patch(self, path: str, body: dict[str, Any], what: str) -> KubeObject:
         return call_json(what, lambda: self._client.call_api(
             path, "PATCH", header_params={"Content-Type": _MERGE_PATCH, "Accept": "application/json"},
