@@ -40,7 +40,7 @@ def rotate_key(vm_env: VmEnv, volume: VmVolume, failpoint: str = "") -> Result:
     repo = shlex.quote(vm.repo)
     argv = [GUEST_VENV_PYTHON, "-m", "cephcsi", "rotate-key", f"--volume-id={volume.volume_id}",
             f"--kms-id={KMS_ID}", f"--config-file={vm.guest_path('config.json')}", f"--kubelet-dir={KUBELET_DIR}",
-            f"--runtime-dir={RUNTIME_DIR}"]
+            f"--runtime-dir={RUNTIME_DIR}", "--log-level=debug"]  # every command's argv in its log
     try:
         return vm.run(f"cd {repo} && env PYTHONPATH={repo} PYTHONDONTWRITEBYTECODE=1 {env}{shlex.join(argv)} "
                       f"<{vm.guest_path('rotate-secret.json')}", timeout=600)
@@ -48,9 +48,12 @@ def rotate_key(vm_env: VmEnv, volume: VmVolume, failpoint: str = "") -> Result:
         vm.check(f"rm -f {vm.guest_path('rotate-secret.json')}", timeout=30)
 
 
+def wrapped_dek(vm_env: VmEnv, volume: VmVolume) -> str:
+    return vm_env.cluster.admin("rbd", "image-meta", "get", f"{vm_env.cluster.pool}/{volume.image}", DEK_KEY).strip()
+
+
 def kms_passphrase(vm_env: VmEnv, volume: VmVolume) -> str:
-    stored = vm_env.cluster.admin("rbd", "image-meta", "get", f"{vm_env.cluster.pool}/{volume.image}", DEK_KEY).strip()
-    return unwrap(PASSPHRASE, volume.volume_id, stored, "test")
+    return unwrap(PASSPHRASE, volume.volume_id, wrapped_dek(vm_env, volume), "test")
 
 
 def opens(vm_env: VmEnv, device: str, passphrase: str) -> bool:
@@ -109,6 +112,9 @@ def test_rotation_replaces_the_passphrase_and_a_rerun_after_a_kill_completes(
     done = rotate_key(vm_env, volume)
     assert done.ok, done
     second = kms_passphrase(vm_env, volume)
+    # The new wrapped passphrase went to the image metadata from stdin: the debug log shows the
+    # write's command line, and neither it nor anything else the rotation logged holds the value.
+    assert "setomapval" in done.stderr and wrapped_dek(vm_env, volume) not in done.stdout + done.stderr
     assert second != first and not opens(vm_env, device, first) and opens(vm_env, device, second)
     assert keyslots(vm_env, device) == ["0"]
     assert read_payload(vm, target, block=True) == digest  # the open mapping never noticed
