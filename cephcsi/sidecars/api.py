@@ -58,6 +58,10 @@ class KubeApi:
         return self._optional(f'get StorageClass "{name}"',
                               lambda: self._storage.read_storage_class(name, _preload_content=False))
 
+    def get_volume_attributes_class(self, name: str) -> KubeObject | None:
+        return self._optional(f'get VolumeAttributesClass "{name}"',
+                              lambda: self._storage.read_volume_attributes_class(name, _preload_content=False))
+
     # ---- PersistentVolumes ---------------------------------------------------------------------------
 
     def create_pv(self, body: KubeObject) -> KubeObject | None:

@@ -21,6 +21,10 @@ changes; nothing can slip in between the look and the act, which two opens (a re
 then the read-write resize) could only promise through the lease. A repeated call therefore
 costs a read-write open with its short-lived watch, instead of a read-only one, and no resize.
 
+After the resize (and on a repeated call), capacity-scaled QoS limits are recomputed from the
+policy stored on the image (cephcsi.volumes.modify.rescale): two small reads when the volume has
+no QoS, a write only when a limit changes.
+
 Sizes are rounded up to whole MiB exactly as CreateVolume rounds them, so an expansion to the
 size a CreateVolume would have allocated is a no-op, and the size answered is what the image has.
 """

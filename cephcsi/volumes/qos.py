@@ -32,6 +32,7 @@ from cephcsi.errors import InvalidArgument
 GiB = 1 << 30
 MAX_VALUE = (1 << 63) - 1
 CONFIG_PREFIX = "conf_"
+KUBERNETES_PREFIX = "csi.storage.k8s.io/"
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,8 @@ def parse(parameters: Mapping[str, str], field: str = "mutable_parameters", allo
     `allow_other`, keys that are not QoS keys are left to the caller (StorageClass parameters)."""
     problems: list[str] = []
     canonical: dict[str, str] = {}
-    unknown = sorted(key for key in parameters if key not in KEYS)
+    # external-resizer's --extra-modify-metadata adds the claim's and PV's names under this prefix.
+    unknown = sorted(key for key in parameters if key not in KEYS and not key.startswith(KUBERNETES_PREFIX))
     if unknown and not allow_other:
         problems.append(f"unknown key(s) {', '.join(unknown)} (supported: {', '.join(CANONICAL_KEYS)})")
     for key, value in parameters.items():

@@ -13,6 +13,9 @@ ANN_PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"
 ANN_MIGRATED_TO = "pv.kubernetes.io/migrated-to"
 ANN_DELETION_SECRET_NAME = "volume.kubernetes.io/provisioner-deletion-secret-name"
 ANN_DELETION_SECRET_NAMESPACE = "volume.kubernetes.io/provisioner-deletion-secret-namespace"
+# external-provisioner >= 6.1: the StorageClass's controller-modify secret, read by the resizer.
+ANN_MODIFY_SECRET_NAME = "volume.kubernetes.io/controller-modify-secret-name"
+ANN_MODIFY_SECRET_NAMESPACE = "volume.kubernetes.io/controller-modify-secret-namespace"
 PV_FINALIZER = "external-provisioner.volume.kubernetes.io/finalizer"
 PROVISIONER_IDENTITY_KEY = "storage.kubernetes.io/csiProvisionerIdentity"
 

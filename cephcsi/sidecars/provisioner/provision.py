@@ -129,6 +129,7 @@ class ClaimWorker:
         if not objects.has_finalizer(claim, self.finalizer):
             ctx.api.add_pvc_finalizer(namespace, name, self.finalizer)
         request = planned.to_proto(ctx.request_options, secret_values, accessibility)
+        request.mutable_parameters.update(self._class_parameters(claim))
         content_source = datasource.resolve(ctx, claim, planned)
         if content_source is not None:
             request.volume_content_source.CopyFrom(content_source)
@@ -169,6 +170,21 @@ class ClaimWorker:
         if owner != uid:
             raise Internal(f"PersistentVolume {pv_name} exists but belongs to claim uid {owner!r}, not {uid!r}")
         log.info("adopted an existing PV (created by an earlier attempt)", extra=fields(pv=pv_name))
+
+    def _class_parameters(self, claim: KubeObject) -> dict[str, str]:
+        """The parameters of the claim's VolumeAttributesClass (CreateVolume's
+        mutable_parameters); a class that does not exist (yet) or is another driver's fails
+        the attempt, retried as external-provisioner retries it."""
+        name = str(objects.spec(claim).get("volumeAttributesClassName") or "")
+        if not name:
+            return {}
+        vac = self.ctx.api.get_volume_attributes_class(name)
+        if vac is None:
+            raise NotFound(f"VolumeAttributesClass {name!r} named by the claim does not exist")
+        driver = str(vac.get("driverName") or "")
+        if driver != self.ctx.driver_name:
+            raise InvalidArgument(f"VolumeAttributesClass {name!r} is for driver {driver!r}, not {self.ctx.driver_name!r}")
+        return {str(k): str(v) for k, v in (vac.get("parameters") or {}).items()}
 
     def _read_secret(self, ref: secrets.SecretRef | None) -> dict[str, str]:
         if ref is None:

@@ -76,6 +76,10 @@ def build(claim: Mapping[str, Any], storage_class: Mapping[str, Any], planned: P
     if provisioner_secret is not None:
         annotations[names.ANN_DELETION_SECRET_NAME] = provisioner_secret.name
         annotations[names.ANN_DELETION_SECRET_NAMESPACE] = provisioner_secret.namespace
+    modify_secret = class_secrets.get(secrets.CONTROLLER_MODIFY)
+    if modify_secret is not None:
+        annotations[names.ANN_MODIFY_SECRET_NAME] = modify_secret.name
+        annotations[names.ANN_MODIFY_SECRET_NAMESPACE] = modify_secret.namespace
     csi: dict[str, Any] = {
         "driver": options.driver_name,
         "volumeHandle": volume.volume_id,
@@ -102,6 +106,10 @@ def build(claim: Mapping[str, Any], storage_class: Mapping[str, Any], planned: P
     }
     if planned.mount_options:
         spec["mountOptions"] = list(planned.mount_options)
+    vac = str(objects.spec(claim).get("volumeAttributesClassName") or "")
+    if vac:
+        # The PV binder copies it to the claim's status.currentVolumeAttributesClassName.
+        spec["volumeAttributesClassName"] = vac
     if options.topology:
         affinity = node_affinity(volume.accessible_topology)
         if affinity is not None:

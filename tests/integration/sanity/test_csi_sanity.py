@@ -27,10 +27,13 @@ SECRET_KINDS = (
     "CreateVolumeSecret", "DeleteVolumeSecret", "ControllerPublishVolumeSecret", "ControllerUnpublishVolumeSecret",
     "ControllerValidateVolumeCapabilitiesSecret", "NodeStageVolumeSecret", "NodePublishVolumeSecret",
     "CreateSnapshotSecret", "DeleteSnapshotSecret", "ListSnapshotsSecret", "ControllerExpandVolumeSecret",
+    "ControllerModifyVolumeSecret",
 )
 # Specs csi-sanity v5.6.0 runs for what cephcsi advertises (see README "Conformance"); v5.4.0 had a
 # race in its connect helper (a connection Ready before its first state check waited out the minute).
-EXPECTED_PASSED = {"mount": 73, "block": 73}  # +19: snapshots, ListSnapshots, create from snapshot/volume; +7: expansion; +8: ControllerPublish/Unpublish; +1: GetCapacity
+EXPECTED_PASSED = {"mount": 81, "block": 81}  # +19: snapshots, ListSnapshots, create from snapshot/volume; +7: expansion; +8: ControllerPublish/Unpublish; +1: GetCapacity; +8: ModifyVolume and CreateVolume with mutable_parameters
+MUTABLE_PARAMETERS = {"baseIops": "500", "baseReadBps": "104857600"}
+"""A VolumeAttributesClass's RBD QoS (docs/qos.md) for the ModifyVolume specs."""
 VOLUME_SIZE = 256 << 20  # whole MiB, so rounding never changes the size the suite checks
 
 
@@ -61,12 +64,16 @@ def _run_sanity(driver: DriverProcess, cluster: CephTestCluster, access_type: st
         with open(secrets, "w") as handle:
             yaml.safe_dump({kind: cluster.secrets for kind in SECRET_KINDS}, handle)
         os.chmod(secrets, 0o600)
+        mutable = os.path.join(work, "mutable.yaml")
+        with open(mutable, "w") as handle:
+            yaml.safe_dump(MUTABLE_PARAMETERS, handle)
         argv = [
             _csi_sanity(),
             f"--csi.endpoint={driver.endpoint}",
             f"--csi.stagingdir={work}/staging",
             f"--csi.mountdir={work}/mount",
             f"--csi.testvolumeparameters={params}",
+            f"--csi.testvolumemutableparameters={mutable}",
             f"--csi.secrets={secrets}",
             f"--csi.testvolumesize={VOLUME_SIZE}",
             f"--csi.testvolumeexpandsize={2 * VOLUME_SIZE}",

@@ -125,3 +125,32 @@ def test_leader_killed_mid_modify_is_finished_by_the_next(env: Env, start_contro
     wait_for("the new leader to finish", lambda: current(env, kube_namespace, "data") == silver, timeout=90)
     assert qos(env, pv) == {"rbd_qos_iops_limit": "700", "rbd_qos_bps_limit": "5000000"}
     env.kube.delete_pvc(kube_namespace, "data")
+
+
+def test_claim_created_with_a_class_gets_its_qos_and_the_modify_secret(
+        env: Env, start_controllers: StartControllers, kube_namespace: str) -> None:
+    """The provisioner passes the class's parameters as CreateVolume's mutable_parameters (over
+    the StorageClass's QoS keys), records the class on the PV (the binder copies it to the
+    claim's current class) and the StorageClass's controller-modify secret as PV annotations,
+    which the resizer then uses."""
+    start_controllers()
+    prefix = new_prefix()
+    namespace, secret = env.secret
+    storage_class = env.kube.create_storage_class(env.ceph, env.secret, prefix=prefix, parameters={
+        "baseWriteIops": "40", "baseReadIops": "10",
+        "csi.storage.k8s.io/controller-modify-secret-name": secret,
+        "csi.storage.k8s.io/controller-modify-secret-namespace": namespace})
+    bronze = create_class(env, f"{prefix}bronze", {"baseReadIops": "90"})
+    claim = env.kube.create_pvc(kube_namespace, "born", storage_class, volumeAttributesClassName=bronze)
+    wait_for("Bound", lambda: claim_status(env, kube_namespace, "born").get("phase") == "Bound")
+    pv = env.kube.pv(f"pvc-{claim['metadata']['uid']}") or {}
+    assert pv["spec"]["volumeAttributesClassName"] == bronze
+    assert pv["metadata"]["annotations"]["volume.kubernetes.io/controller-modify-secret-name"] == secret
+    assert qos(env, pv) == {"rbd_qos_read_iops_limit": "90", "rbd_qos_write_iops_limit": "40"}
+    wait_for("the binder to record the class", lambda: current(env, kube_namespace, "born") == bronze)
+
+    steel = create_class(env, f"{prefix}steel", {"baseIops": "123"})
+    set_class(env, kube_namespace, "born", steel)
+    wait_for("the new class", lambda: current(env, kube_namespace, "born") == steel)
+    assert qos(env, pv) == {"rbd_qos_iops_limit": "123"}  # the class replaces the whole QoS
+    env.kube.delete_pvc(kube_namespace, "born")

@@ -54,6 +54,10 @@ def test_bad_parameters_are_refused_naming_the_key(parameters: dict[str, str], n
     assert named in str(caught.value) and "nothing was changed" in str(caught.value)
 
 
+def test_kubernetes_metadata_keys_are_ignored() -> None:
+    assert qos.parse({"baseIops": "5", "csi.storage.k8s.io/pvc/name": "data"}) == qos.parse({"baseIops": "5"})
+
+
 def test_every_problem_is_named_at_once() -> None:
     with pytest.raises(InvalidArgument) as caught:
         qos.parse({"bogus": "1", "baseIops": "x", "maxBps": "3"})
