@@ -117,3 +117,28 @@ def test_modify_killed_between_two_key_writes_is_completed_by_the_retry(
         until_ok(lambda: healthy.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(
             volume_id=created.volume_id, secrets=ceph_cluster.secrets)), deadline=90,
             also=(grpc.StatusCode.FAILED_PRECONDITION,))
+
+
+def test_a_clone_gets_its_own_class_not_its_sources_limits(driver: DriverProcess, ceph_cluster: CephTestCluster) -> None:
+    source_request = create_request(ceph_cluster, size=8 * MiB)
+    source_request.mutable_parameters.update({"baseIops": "5", "baseBps": "6"})
+    source = driver.controller.CreateVolume(source_request).volume
+    made: list[str] = [source.volume_id]
+    try:
+        assert _config(ceph_cluster, source.volume_id) == {"rbd_qos_iops_limit": "5", "rbd_qos_bps_limit": "6"}
+        plain = create_request(ceph_cluster, size=8 * MiB)
+        plain.volume_content_source.volume.volume_id = source.volume_id
+        clone = driver.controller.CreateVolume(plain).volume
+        made.append(clone.volume_id)
+        assert _config(ceph_cluster, clone.volume_id) == {}
+        assert not [k for k in _meta(ceph_cluster, clone.volume_id) if "qos" in k]
+        classed = create_request(ceph_cluster, size=8 * MiB)
+        classed.volume_content_source.volume.volume_id = source.volume_id
+        classed.mutable_parameters.update({"baseWriteIops": "9"})
+        other = driver.controller.CreateVolume(classed).volume
+        made.append(other.volume_id)
+        assert _config(ceph_cluster, other.volume_id) == {"rbd_qos_write_iops_limit": "9"}
+    finally:
+        for volume_id in reversed(made):
+            until_ok(lambda: driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(
+                volume_id=volume_id, secrets=ceph_cluster.secrets)), also=(grpc.StatusCode.FAILED_PRECONDITION,))
