@@ -21,9 +21,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 
-from cephcsi.ceph import image_access, images, layering
+from cephcsi.ceph import image_access, images, layering, rotation_lock
 from cephcsi.ceph.connection import Ioctx, Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.errors import ceph_call
@@ -161,12 +162,13 @@ class SnapshotManager:
         name = record.image_name
         shape = self._restore_point(io, name)
         if shape is None:
-            try:
-                self._cut(session, io, pool, volumes, snapshots, record)
-            except NotFound:
-                self._forget(session, io, snapshots, record)
-                raise
-            self._rekey(io, record, secrets)
+            with self._rotations_held(io, record):
+                try:
+                    self._cut(session, io, pool, volumes, snapshots, record)
+                except NotFound:
+                    self._forget(session, io, snapshots, record)
+                    raise
+                self._rekey(io, record, secrets)
             with ceph_call("snapshot the snapshot image", f"image {name!r}"), image_access.open_image(io, name) as image:
                 # The restore point: restores clone from it; ceph-csi names it like the image.
                 layering.ensure_snap(image, name)
@@ -174,6 +176,14 @@ class SnapshotManager:
             failpoints.reach("snapshot.after-restore-point")
         record = snapshots.read(record.uuid) or record
         return self._describe(session, io, pool, snapshots, record, shape, queue=True)
+
+    @staticmethod
+    def _rotations_held(io: Ioctx, record: Record) -> AbstractContextManager[None]:
+        """An encrypted source's rotation lock from the cut to the key copy: a `rotate-key`
+        between the two would give the snapshot a header its passphrase does not open."""
+        if encrypted.spec_of(record) is None:
+            return nullcontext()
+        return rotation_lock.held(io, record.get(SOURCE_VOLUME_ID), f"snapshot {record.uuid}")
 
     def _rekey(self, io: Ioctx, record: Record, secrets: Mapping[str, str]) -> None:
         """An encrypted source's snapshot image carries the source's wrapped passphrase (librbd's
