@@ -162,6 +162,7 @@ class SnapshotManager:
         name = record.image_name
         shape = self._restore_point(io, name)
         if shape is None:
+            self._check_key(io, snapshots, record, secrets)
             with self._rotations_held(io, record):
                 try:
                     self._cut(session, io, pool, volumes, snapshots, record)
@@ -176,6 +177,22 @@ class SnapshotManager:
             failpoints.reach("snapshot.after-restore-point")
         record = snapshots.read(record.uuid) or record
         return self._describe(session, io, pool, snapshots, record, shape, queue=True)
+
+    def _check_key(self, io: Ioctx, snapshots: Journal, record: Record, secrets: Mapping[str, str]) -> None:
+        """Before the cut: the call can build the source's KMS (its passphrase or Secret is there).
+        A refusal after the cut would leave a clone of the source that no DeleteSnapshot names
+        (the CO has no snapshot id) and that keeps the deleted source in the trash; refused
+        before it, with nothing cut, the name and record are released too."""
+        spec = encrypted.spec_of(record)
+        if spec is None:
+            return
+        try:
+            self.volumes.encryption.check(spec, secrets, record.get(encrypted.OWNER_KEY))
+        except CephCSIError:
+            if images.lookup_id(io, record.image_name) is None:
+                snapshots.release_name(record.name, record.uuid)
+                snapshots.remove_record(record.uuid)
+            raise
 
     @staticmethod
     def _rotations_held(io: Ioctx, record: Record) -> AbstractContextManager[None]:
