@@ -253,7 +253,7 @@ def _resizer(parts: _Parts) -> ResizerLoop:
         calls=parts.clients.calls,
         multi_writer=parts.multi_writer(),
         # VolumeAttributesClass changes (ControllerModifyVolume): storage.k8s.io/v1, Kubernetes >= 1.34.
-        classes=parts.factory.for_resource(k8s.StorageV1Api, "list_volume_attributes_class"),
+        modify=True,
     )
     return ResizerLoop(ctx, workers=min(parts.settings.sidecars.worker_threads, RESIZER_WORKERS),
                        backoff=parts.backoff)

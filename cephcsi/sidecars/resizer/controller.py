@@ -38,7 +38,6 @@ class ResizerLoop:
         self._pool: Workers[str] | None = None
         self._modify_pool: Workers[str] | None = None
         self._registration: HandlerRegistration | None = None
-        self._class_registration: HandlerRegistration | None = None
 
     def start(self, stop: threading.Event) -> None:
         work_queue: WorkQueue[str] = WorkQueue("resizer", rate_limiter=ItemExponentialBackoff(self.backoff))
@@ -50,7 +49,7 @@ class ResizerLoop:
         # controller), so a slow expansion never holds up a modify or the reverse.
         modify_queue: WorkQueue[str] = WorkQueue("modifier", rate_limiter=ItemExponentialBackoff(self.backoff))
         modify_pool: Workers[str] | None = None
-        if self.ctx.classes is not None:
+        if self.ctx.modify:
             modifier = ModifyWorker(self.ctx, stop, self.modify_memory)
             modify_pool = Workers(modify_queue, modifier.process, count=self.workers, expected=kubeerrors.EXPLAINED)
             modify_pool.start()
@@ -62,32 +61,19 @@ class ResizerLoop:
             if modify_pool is not None and modify_status.needs_modify(claim):
                 modify_queue.add(objects.key(claim))
 
-        def class_added(vac: KubeObject) -> None:
-            # Claims Pending on this class go at once instead of at their next backoff.
-            name = objects.name(vac)
-            for claim in self.ctx.claims.list():
-                if modify_status.needs_modify(claim) and modify_status.Classes.of(claim).wanted == name:
-                    modify_queue.add(objects.key(claim))
-
         registration = self.ctx.claims.add_handler(EventHandler(
             on_add=changed, on_update=lambda _old, new: changed(new), resync_period=self.resync))
-        class_registration = None
-        if self.ctx.classes is not None:
-            class_registration = self.ctx.classes.add_handler(EventHandler(on_add=class_added))
         with self._lock:
-            self._pool, self._registration = pool, registration
-            self._modify_pool, self._class_registration = modify_pool, class_registration
+            self._pool, self._registration, self._modify_pool = pool, registration, modify_pool
         log.info("resizer started", extra=fields(workers=self.workers, driver=self.ctx.driver_name))
 
     def stop(self, timeout: float) -> bool:
         with self._lock:
             pool, registration = self._pool, self._registration
-            modify_pool, class_registration = self._modify_pool, self._class_registration
-            self._pool = self._registration = self._modify_pool = self._class_registration = None
+            modify_pool = self._modify_pool
+            self._pool = self._registration = self._modify_pool = None
         if registration is not None:
             self.ctx.claims.remove_handler(registration)
-        if class_registration is not None and self.ctx.classes is not None:
-            self.ctx.classes.remove_handler(class_registration)
         stopped = pool.stop(timeout=timeout) if pool is not None else True
         if modify_pool is not None:
             stopped = modify_pool.stop(timeout=timeout) and stopped

@@ -1,7 +1,7 @@
 """The modify worker: one claim key at a time, external-resizer v2's VolumeAttributesClass steps.
 
     1. Decide (modify_status.decide) from the cached claim; a PV of another driver is skipped.
-    2. The class: missing → Pending (retried with backoff, and when the class appears); of
+    2. The class (a GET by name): missing → Pending (retried with backoff); of
        another driver → Infeasible.
     3. InProgress + ModifyingVolume, guarded by the claim's resourceVersion; a VolumeModify event.
     4. ControllerModifyVolume in-process with the class's parameters and the Secret the PV's
@@ -114,8 +114,10 @@ class ModifyWorker:
 
     def modify(self, claim: KubeObject, pv: KubeObject, vac_name: str) -> None:
         key, started = objects.key(claim), time.monotonic()
-        classes = self.ctx.classes
-        vac = classes.get(vac_name) if classes is not None else None
+        # Read by name when needed, not cached by an informer: the loops' start waits for every
+        # informer, so a cluster without the v1 API (or a Role without the rule) would stall
+        # every loop; this way only class changes fail, with the API's error.
+        vac = self.ctx.api.get_volume_attributes_class(vac_name)
         if vac is None:
             message = f"VAC {vac_name!r} does not exist."
             self.ctx.events.event(claim, WARNING, ms.EVENT_FAILED, message)

@@ -59,8 +59,8 @@ class ResizerContext:
     calls: CsiCalls
     multi_writer: bool = False
     """The controller offers SINGLE_NODE_MULTI_WRITER (chooses the CSI mode of ReadWriteOnce)."""
-    classes: Informer | None = None
-    """VolumeAttributesClasses: with them the modifier (cephcsi.sidecars.resizer.modifier) runs."""
+    modify: bool = False
+    """Run the VolumeAttributesClass modifier too (cephcsi.sidecars.resizer.modifier)."""
 
 
 class FinalErrors:

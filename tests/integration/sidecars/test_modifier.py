@@ -42,6 +42,12 @@ def qos(env: Env, pv: dict[str, Any]) -> dict[str, str]:
     return {row["name"]: str(row["value"]) for row in rows if row["source"] == "image" and "qos" in row["name"]}
 
 
+def delete(env: Env, namespace: str, name: str, pv: dict[str, Any]) -> None:
+    """Delete the claim and wait for its PV to go, so no later test's controller finds it."""
+    env.kube.delete_pvc(namespace, name)
+    wait_for(f"PV of {name} deleted", lambda: env.kube.pv(pv["metadata"]["name"]) is None)
+
+
 def reasons(env: Env, namespace: str, name: str) -> list[str]:
     return [reason for _type, reason, _message in env.kube.events(namespace, name)]
 
@@ -85,7 +91,7 @@ def test_class_change_sets_qos_and_status_infeasible_then_rolled_back(
     assert current(env, kube_namespace, "data") == gold
     assert not [c for c in claim_status(env, kube_namespace, "data").get("conditions") or []
                 if c["type"] in ("ModifyingVolume", "ModifyVolumeError")]
-    env.kube.delete_pvc(kube_namespace, "data")
+    delete(env, kube_namespace, "data", pv)
 
 
 def test_missing_class_is_pending_until_it_exists(env: Env, start_controllers: StartControllers,
@@ -100,7 +106,7 @@ def test_missing_class_is_pending_until_it_exists(env: Env, start_controllers: S
     create_class(env, f"{prefix}later", {"baseIops": "300"})
     wait_for("the class to be applied", lambda: current(env, kube_namespace, "late") == f"{prefix}later")
     assert qos(env, pv) == {"rbd_qos_iops_limit": "300"}
-    env.kube.delete_pvc(kube_namespace, "late")
+    delete(env, kube_namespace, "late", pv)
 
 
 def test_leader_killed_mid_modify_is_finished_by_the_next(env: Env, start_controllers: StartControllers,
@@ -124,7 +130,7 @@ def test_leader_killed_mid_modify_is_finished_by_the_next(env: Env, start_contro
     wait_for("the standby to take over", standby.is_leader, timeout=30)
     wait_for("the new leader to finish", lambda: current(env, kube_namespace, "data") == silver, timeout=90)
     assert qos(env, pv) == {"rbd_qos_iops_limit": "700", "rbd_qos_bps_limit": "5000000"}
-    env.kube.delete_pvc(kube_namespace, "data")
+    delete(env, kube_namespace, "data", pv)
 
 
 def test_claim_created_with_a_class_gets_its_qos_and_the_modify_secret(
@@ -153,4 +159,4 @@ def test_claim_created_with_a_class_gets_its_qos_and_the_modify_secret(
     set_class(env, kube_namespace, "born", steel)
     wait_for("the new class", lambda: current(env, kube_namespace, "born") == steel)
     assert qos(env, pv) == {"rbd_qos_iops_limit": "123"}  # the class replaces the whole QoS
-    env.kube.delete_pvc(kube_namespace, "born")
+    delete(env, kube_namespace, "born", pv)
