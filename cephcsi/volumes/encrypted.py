@@ -11,10 +11,11 @@ the volume's id; one ceph-csi cut carries it re-wrapped for the snapshot's own i
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from cephcsi.ceph import image_metadata
+from cephcsi.ceph import image_metadata, rotation_lock
 from cephcsi.ceph.connection import Ioctx, Session
 from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.encryption import volume_keys
@@ -126,6 +127,21 @@ class Encryption:
         if wanted is not None and not found.encrypted:
             raise InvalidArgument(f"cannot create an encrypted volume from unencrypted {source.kind} "
                                   f"{source.source_id!r}")
+
+    @contextmanager
+    def source_held(self, session: Session, source: ContentSource | None, spec: EncryptionSpec | None,
+                    volume_id: str) -> Iterator[None]:
+        """An encrypted clone's source volume's rotation lock from the cut to `settle`'s key copy:
+        a `rotate-key` between the two would give the clone its source's old header and new
+        passphrase (or the reverse). Restores need none: a snapshot's passphrase is its own, and
+        no rotation changes it."""
+        if spec is None or source is None or source.kind != "volume":
+            yield
+            return
+        entry_id = sources.decode(source.source_id, "source volume")
+        with sources.opened(session, entry_id, "source volume") as (_, source_io), \
+                rotation_lock.held(source_io, source.source_id, f"clone {volume_id}"):
+            yield
 
     def settle(self, session: Session, io: Ioctx, image_name: str, volume_id: str, spec: EncryptionSpec,
                source: ContentSource | None, secrets: Mapping[str, str], tenant: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import ExitStack
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -137,7 +138,7 @@ class VolumeManager:
                     claim = Claim(request.name, f"{params.name_prefix}{uuid}",
                                   {**clones.record_values(request.source), **pending, **planned, **encrypted})
                     # A uuid this call just reserved has no record yet: the hold writes it.
-                    with journal.locked(uuid, claim if fresh else None) as hold:
+                    with journal.locked(uuid, claim if fresh else None) as hold, ExitStack() as rotation:
                         # Between the reserve and the lock, another process's find()
                         # (provisioner clean-up) or an audit repair may have taken the
                         # record-less name for a dead create's and released it; going on
@@ -155,6 +156,8 @@ class VolumeManager:
                         self.encryption.prepare(volume_id.encode(), params.encryption, request.source,
                                                 request.secrets, params.tenant)
                         hold.ensure_held()
+                        rotation.enter_context(self.encryption.source_held(session, request.source, params.encryption,
+                                                                           volume_id.encode()))
                         if self.cloner is not None and (request.source is not None or clones.has_source(record)):
                             image_id, size, written = self.cloner.ensure(session, io, request, record)
                         else:

@@ -18,7 +18,7 @@ from cephcsi.ceph.rotation_lock import WAIT_SECONDS, lock_name
 from cephcsi.encryption.kms import secrets as secrets_kms
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.helpers import image_of, until_ok
-from tests.integration.controller.snapshot_helpers import delete_all, snapshot_request
+from tests.integration.controller.snapshot_helpers import delete_all, from_volume, snapshot_request
 from tests.integration.driver import DriverProcess
 from tests.integration.encryption.test_controller_keys import KEK, encrypted_request, meta
 
@@ -134,3 +134,30 @@ def test_a_controller_killed_holding_the_lock_leaves_one_that_lapses(ceph_cluste
         delete_all(retry, ceph_cluster, [snapshot.snapshot_id], [volume.volume_id])
     finally:
         retry.cleanup()
+
+
+def test_a_clone_of_an_encrypted_volume_waits_for_a_rotation(driver: DriverProcess,
+                                                             ceph_cluster: CephTestCluster) -> None:
+    """Clone to key copy under the source's rotation lock too: ABORTED while a rotation holds it,
+    done once it lapses."""
+    ctl = driver.controller
+    volume = ctl.CreateVolume(encrypted_request(ceph_cluster, "pvc-rotlock-src")).volume
+    request = from_volume(ceph_cluster, volume.volume_id, name="pvc-rotlock-clone")
+    request.parameters.update(encrypted="true", encryptionKMSID="meta")
+    request.secrets["encryptionPassphrase"] = KEK
+    rotate_lock(ceph_cluster, volume.volume_id, 60)
+    with pytest.raises(grpc.RpcError) as caught:
+        ctl.CreateVolume(request, timeout=60)
+    assert caught.value.code() == grpc.StatusCode.ABORTED
+    assert f"key rotation of volume {volume.volume_id} in progress" in (caught.value.details() or "")
+    ceph_cluster.admin("rados", "--pool", ceph_cluster.pool, "lock", "break", volume.volume_id,
+                       lock_name(volume.volume_id), str(lockers(ceph_cluster, volume.volume_id)[0]["name"]),
+                       "--lock-cookie", "rotate-key test-node")
+    rotate_lock(ceph_cluster, volume.volume_id, 4)
+    clone = ctl.CreateVolume(request, timeout=60).volume
+    clone_dek = meta(ceph_cluster, image_of(clone.volume_id))["rbd.csi.ceph.com/dek"]
+    source_dek = meta(ceph_cluster, image_of(volume.volume_id))["rbd.csi.ceph.com/dek"]
+    assert secrets_kms.unwrap(KEK, clone.volume_id, clone_dek, "t") == \
+        secrets_kms.unwrap(KEK, volume.volume_id, source_dek, "t")
+    assert lockers(ceph_cluster, volume.volume_id) == []
+    delete_all(driver, ceph_cluster, [], [clone.volume_id, volume.volume_id])
