@@ -28,9 +28,10 @@ from cephcsi.ceph import omap
 from cephcsi.ceph.errors import ceph_call, error_number
 from cephcsi.errors import OperationInFlight
 
-HOLD_SECONDS = 300
-"""The lapse of a lock the controller holds: far longer than a cut and a key copy, short enough
-that a killed controller does not hold rotations off for long."""
+HOLD_SECONDS = 30
+"""The lapse of a lock the controller holds: longer than a cut and a key copy take (seconds), and
+short because a killed controller's lock also holds off its own retry (the CO's, under the
+journal lease) until it lapses. Not renewed: a body slower than this loses the exclusion."""
 WAIT_SECONDS = 10.0
 """How long a call waits for a rotation to finish before it answers ABORTED."""
 
