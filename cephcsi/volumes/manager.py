@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import ExitStack
-from collections.abc import Callable, Mapping
+from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from cephcsi.ceph import image_ensure, image_metadata, image_removal, images, omap, trash
@@ -425,6 +425,25 @@ class VolumeManager:
                 if record is None or info is None:
                     raise NotFound(f"volume {volume_id_text!r} does not exist")
                 return Located(volume_id, pool, record), info
+
+    @contextmanager
+    def held(self, volume_id_text: str, credentials: Credentials) -> Iterator[tuple[Ioctx, Record]]:
+        """The pool handle and record of an existing volume, under the volume's in-process lock:
+        for a call that changes one volume in place (modify, sparsify). NotFound as `locate`."""
+        try:
+            volume_id = VolumeId.decode(volume_id_text)
+        except MalformedId:
+            raise NotFound(f"volume {volume_id_text!r} does not exist (not an id issued by this driver)") from None
+        cluster = self.clusters.get(volume_id.cluster_id)
+        with self.id_locks.hold(volume_id_text), self.connections.session(cluster, credentials) as session:
+            pool = session.pool_name(volume_id.pool_id)
+            if pool is None:
+                raise NotFound(f"volume {volume_id_text!r} does not exist (its pool is gone)")
+            with session.ioctx(pool) as io:
+                record = self.read_record(session, io, pool, volume_id.object_uuid)
+                if record is None:
+                    raise NotFound(f"volume {volume_id_text!r} does not exist")
+                yield io, record
 
     def read_record(self, session: Session, io: Ioctx, pool: str, uuid: str) -> Record | None:
         """The volume's record: in its own pool, or where ceph-csi put it for a volume it

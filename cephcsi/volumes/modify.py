@@ -29,7 +29,6 @@ from cephcsi.observability.logging import fields
 from cephcsi.volumes import failpoints, qos
 from cephcsi.volumes.journal import Record
 from cephcsi.volumes.manager import VolumeManager
-from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
 log = logging.getLogger(__name__)
 
@@ -56,24 +55,10 @@ def _canonical(parameters: Mapping[str, str]) -> dict[str, str]:
 
 
 def apply(volumes: VolumeManager, volume_id: str, policy: qos.Policy, credentials: Credentials) -> None:
-    try:
-        decoded = VolumeId.decode(volume_id)
-    except MalformedId:
-        raise NotFound(f"volume {volume_id!r} does not exist (not an id issued by this driver)") from None
-    cluster = volumes.clusters.get(decoded.cluster_id)
-    with volumes.id_locks.hold(volume_id), volumes.connections.session(cluster, credentials) as session:
-        pool = session.pool_name(decoded.pool_id)
-        if pool is None:
-            raise NotFound(f"volume {volume_id!r} does not exist (its pool is gone)")
-        with session.ioctx(pool) as io:
-            record = volumes.read_record(session, io, pool, decoded.object_uuid)
-            if record is None:
-                raise NotFound(f"volume {volume_id!r} does not exist")
-            info = images.stat(io, record.image_name)
-            if info is None:
-                raise NotFound(f"volume {volume_id!r} does not exist (its image {record.image_name!r} is gone)")
-            if not _apply_to(io, volume_id, record, policy, info.size):
-                raise NotFound(f"volume {volume_id!r} does not exist (its image {record.image_name!r} is gone)")
+    with volumes.held(volume_id, credentials) as (io, record):
+        info = images.stat(io, record.image_name)
+        if info is None or not _apply_to(io, volume_id, record, policy, info.size):
+            raise NotFound(f"volume {volume_id!r} does not exist (its image {record.image_name!r} is gone)")
 
 
 def rescale(io: Ioctx, volume_id: str, record: Record, size: int) -> None:

@@ -25,7 +25,6 @@ from cephcsi.ceph.credentials import Credentials
 from cephcsi.errors import InvalidArgument, NotFound
 from cephcsi.observability.logging import fields
 from cephcsi.volumes.manager import VolumeManager
-from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
 log = logging.getLogger(__name__)
 
@@ -162,20 +161,8 @@ def sparsify_volume(volumes: VolumeManager, volume_id: str, credentials: Credent
     """Sparsify the image of volume `volume_id` unless it is in use (ceph-csi's
     ControllerReclaimSpace). Holds the volume's in-process lock, so this controller's own
     delete, expand or snapshot of the volume does not run meanwhile (busy → ABORTED, retried)."""
-    try:
-        decoded = VolumeId.decode(volume_id)
-    except MalformedId:
-        raise NotFound(f"volume {volume_id!r} does not exist (not an id issued by this driver)") from None
-    cluster = volumes.clusters.get(decoded.cluster_id)
-    with volumes.id_locks.hold(volume_id), volumes.connections.session(cluster, credentials) as session:
-        pool = session.pool_name(decoded.pool_id)
-        if pool is None:
-            raise NotFound(f"volume {volume_id!r} does not exist (its pool is gone)")
-        with session.ioctx(pool) as io:
-            record = volumes.read_record(session, io, pool, decoded.object_uuid)
-            if record is None:
-                raise NotFound(f"volume {volume_id!r} does not exist")
-            done = sparsify.sparsify(io, record.image_name)
+    with volumes.held(volume_id, credentials) as (io, record):
+        done = sparsify.sparsify(io, record.image_name)
     SPARSIFY_RUNS.labels("skipped-in-use" if done.in_use else "sparsified").inc()
     SPARSIFIED_BYTES.inc(done.reclaimed)
     if done.in_use:
