@@ -7,7 +7,10 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from cephcsi import __version__
-from cephcsi.settings import CapacitySettings, CephSettings, NodeSettings, Settings, SidecarSettings, SnapshotSettings
+from cephcsi.settings import (
+    NODE_RECLAIMSPACE_POLL_INTERVAL, RECLAIMSPACE_POLL_INTERVAL, CapacitySettings, CephSettings, NodeSettings, Settings,
+    SidecarSettings, SnapshotSettings,
+)
 
 MODES = ("controller", "node", "all")
 CONTROLLER_LOOPS = ("provisioner", "attacher", "resizer", "snapshotter")
@@ -160,8 +163,9 @@ def _sidecar_flags(p: argparse.ArgumentParser) -> None:
                    help="publish CSIStorageCapacity objects from GetCapacity (with the provisioner)")
     s.add_argument("--capacity-poll-interval", type=_duration, default=60.0)
     s.add_argument("--capacity-for-immediate-binding", type=_bool, nargs="?", const=True, default=False)
-    s.add_argument("--reclaimspace-poll-interval", type=_duration, default=60.0,
-                   help="how often the leader checks the claims' reclaim-space schedules (0: off)")
+    s.add_argument("--reclaimspace-poll-interval", type=_duration, default=None,
+                   help="how often the leader checks the claims' reclaim-space schedules, and the node plugin "
+                        "the claims of its staged volumes (0: off; default 1m in controller mode, 10m in node mode)")
     s.add_argument("--capacity-ownerref-level", type=int, default=1,
                    help="owner of CSIStorageCapacity objects: -1 none, 0 the Pod (POD_NAME), 1 its ReplicaSet, "
                         "2 its Deployment")
@@ -191,7 +195,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--leader-election-retry-period must be shorter than --leader-election-renew-deadline")
     if a.capacity_poll_interval < 1:
         parser.error("--capacity-poll-interval must be at least 1s")
-    if 0 < a.reclaimspace_poll_interval < 1:
+    if a.reclaimspace_poll_interval is not None and 0 < a.reclaimspace_poll_interval < 1:
         parser.error("--reclaimspace-poll-interval must be 0 (off) or at least 1s")
     if a.capacity_ownerref_level < -1:
         parser.error("--capacity-ownerref-level must be -1 (no owner) or more")
@@ -266,8 +270,17 @@ def _sidecar_settings(a: argparse.Namespace, parser: argparse.ArgumentParser) ->
         kubelet_registration_path=a.kubelet_registration_path,
         capacity=CapacitySettings(a.enable_capacity, a.capacity_poll_interval, a.capacity_for_immediate_binding,
                                   a.capacity_ownerref_level),
-        reclaimspace_poll_interval=a.reclaimspace_poll_interval,
+        reclaimspace_poll_interval=_reclaimspace_interval(a),
     )
+
+
+def _reclaimspace_interval(a: argparse.Namespace) -> float:
+    """The flag's value, else the mode's default: the node pass reads the API for each staged
+    volume and has nothing to do more than once per recorded run (at most hourly), so it polls
+    less often than the leader, whose pass reads only its informer cache."""
+    if a.reclaimspace_poll_interval is not None:
+        return float(a.reclaimspace_poll_interval)
+    return NODE_RECLAIMSPACE_POLL_INTERVAL if a.mode == "node" else RECLAIMSPACE_POLL_INTERVAL
 
 
 def fail(message: str) -> NoReturn:

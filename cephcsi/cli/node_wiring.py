@@ -68,7 +68,7 @@ def build_node_service(config: NodeConfig, runner: node_exec.Runner = node_exec.
         # Started by the process (cli.main) as well; it takes the service's volume locks. Without
         # an API to read the claims from (a plugin run outside a cluster) there is no pass.
         service.reclaimer = NodeTrimPass(
-            config.kubelet_dir, config.state_dir, service.volume_locks, runner, config.command_timeout,
+            config.kubelet_dir, config.driver_name, config.state_dir, service.volume_locks, runner,
             KubeTrimRequests(config.kubeconfig), config.reclaimspace_poll_interval)
     return service
 

@@ -4,18 +4,25 @@ deallocates or zeroes the object ranges). docs/reclaim-space.md.
 
 What is trimmed, as ceph-csi's NodeReclaimSpace decides:
 - a filesystem volume staged read-write: `fstrim` on its staging mount (`<staging>/fs`), after
-  checking that the path is a mount of the volume's own device — fstrim on a directory that is not
-  a mount point would trim whatever filesystem holds it (the node's kubelet disk);
+  checking that the top mount there is of the volume's own device (its major:minor is the
+  recorded device's st_rdev) — fstrim on a directory that is not a mount point would trim
+  whatever filesystem holds it (the node's kubelet disk), and on a mount of another device that
+  device's filesystem;
 - a Block volume: nothing. Only the application knows which of its ranges are free; a
   `blkdiscard` of the device would destroy its data. Its zeroed objects come back through the
   controller's sparsify once no node uses it (cephcsi.ceph.sparsify);
 - a volume staged read-only: nothing (a read-only mount cannot be trimmed, and another node may
-  be writing it);
+  be writing it); likewise a filesystem the kernel made read-only itself (ext4's
+  errors=remount-ro after an error: its mount options still say rw, its superblock's say ro) —
+  the kernel declared it inconsistent, and it is left to fsck;
 - a LUKS-encrypted volume: nothing (its dm-crypt mapping is opened without allow-discards).
 
 Exclusion: the trim holds the node's per-volume lock (NodeService.volume_locks) non-blocking, so
 it never runs while the volume is being staged, unstaged, expanded or published; a busy volume is
-skipped and tried again on the next pass. Mount options keep `discard` off by default (the
+skipped and tried again on the next pass. A failed or timed-out fstrim is not retried before the
+leader records its next run (cephcsi.node.reclaim_loop): fstrim on a big filesystem can take
+minutes, and each attempt holds the volume's lock, so NodeUnstage/Publish/Expand of the volume
+would be ABORTED for as long as it retried. Mount options keep `discard` off by default (the
 StorageClass's mountOptions may add it): online discard costs every delete, a periodic trim once.
 """
 from __future__ import annotations
@@ -23,11 +30,12 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import Counter
 
-from cephcsi.node import exec as node_exec, mounts, stage_record
+from cephcsi.node import devices, exec as node_exec, mounts, stage_record
 from cephcsi.observability.logging import fields
 
 log = logging.getLogger(__name__)
@@ -40,14 +48,20 @@ TRIMS = Counter("cephcsi_node_trims_total", "Node trims of staged volumes, by ou
 
 _TRIMMED = re.compile(r"\((\d+) bytes\) trimmed|(\d+) bytes were trimmed|:\s*(\d+) bytes trimmed")
 
-TRIMMED, SKIPPED = "trimmed", "skipped"
+TRIMMED, SKIPPED, FAILED = "trimmed", "skipped", "failed"
+
+TRIM_TIMEOUT = 600.0
+"""fstrim's own bound, longer than other commands': a trim walks every free extent of the
+filesystem and sends each discard through the mapper to RADOS, minutes on a big, fragmented
+XFS. The volume's lock is held meanwhile, so it is bounded still; a trim that runs out is
+recorded as failed and waits for the leader's next run (never retried pass after pass)."""
 
 
 @dataclass(frozen=True)
 class TrimResult:
     volume_id: str
     outcome: str
-    """trimmed | skipped."""
+    """trimmed | skipped | failed."""
     trimmed_bytes: int = 0
     reason: str = ""
 
@@ -75,9 +89,11 @@ def why_not(record: stage_record.StageRecord) -> str:
     return ""
 
 
-def trim(record: stage_record.StageRecord, runner: node_exec.Runner, timeout: float,
-         table: list[mounts.MountEntry] | None = None) -> TrimResult:
-    """fstrim the volume's staging mount. The caller holds the volume's lock."""
+def trim(record: stage_record.StageRecord, runner: node_exec.Runner, timeout: float = TRIM_TIMEOUT,
+         table: list[mounts.MountEntry] | None = None,
+         device_numbers: Callable[[str], tuple[int, int]] | None = None) -> TrimResult:
+    """fstrim the volume's staging mount. The caller holds the volume's lock. A failing fstrim
+    raises (the caller records it)."""
     reason = why_not(record)
     if reason:
         return _done(TrimResult(record.volume_id, SKIPPED, reason=reason))
@@ -85,8 +101,17 @@ def trim(record: stage_record.StageRecord, runner: node_exec.Runner, timeout: fl
     entry = mounts.top_mount(path, table if table is not None else mounts.read_mounts())
     if entry is None or os.path.realpath(entry.mount_point) != os.path.realpath(path):
         return _done(TrimResult(record.volume_id, SKIPPED, reason=f"{path} is not mounted; stage the volume again"))
+    reason = _not_the_volumes(record, entry, device_numbers or devices.device_numbers)
+    if reason:
+        log.warning("staging mount is not the volume's device; not trimmed",
+                    extra=fields(volume_id=record.volume_id, path=path, reason=reason))
+        return _done(TrimResult(record.volume_id, SKIPPED, reason=reason))
     if "ro" in entry.options:
         return _done(TrimResult(record.volume_id, SKIPPED, reason="mounted read-only"))
+    if "ro" in entry.super_options:
+        return _done(TrimResult(record.volume_id, SKIPPED, reason=(
+            "its filesystem is read-only although mounted rw: the kernel remounted it read-only after an error "
+            "(errors=remount-ro); check the node's kernel log and fsck the volume")))
     result = runner(["fstrim", "-v", path], what=f"trim the filesystem of volume {record.volume_id}", timeout=timeout)
     done = TrimResult(record.volume_id, TRIMMED, trimmed_bytes(result.stdout))
     TRIMMED_BYTES.inc(done.trimmed_bytes)
@@ -94,8 +119,32 @@ def trim(record: stage_record.StageRecord, runner: node_exec.Runner, timeout: fl
     return _done(done)
 
 
+def failed(volume_id: str, reason: str) -> TrimResult:
+    """The result of an fstrim that raised (counted like the others)."""
+    return _done(TrimResult(volume_id, FAILED, reason=reason))
+
+
+def _not_the_volumes(record: stage_record.StageRecord, entry: mounts.MountEntry,
+                     device_numbers: Callable[[str], tuple[int, int]]) -> str:
+    """Why the mount `entry` at the staging path is not the volume's filesystem ('' when it is)."""
+    device = record.data_device
+    if not device:
+        return "its stage record names no device"
+    try:
+        wanted = device_numbers(device)
+    except OSError as error:
+        return f"its device {device} is gone ({error.strerror}); stage the volume again"
+    if (entry.major, entry.minor) != wanted:
+        return (f"the mount at {entry.mount_point} is of device {entry.major}:{entry.minor} ({entry.source}), not the "
+                f"volume's {device} ({wanted[0]}:{wanted[1]})")
+    return ""
+
+
 def _done(result: TrimResult) -> TrimResult:
     TRIMS.labels(result.outcome).inc()
     if result.outcome == SKIPPED:
         log.debug("volume not trimmed", extra=fields(volume_id=result.volume_id, reason=result.reason))
+    elif result.outcome == FAILED:
+        log.warning("trim failed; tried again after the leader's next recorded run",
+                    extra=fields(volume_id=result.volume_id, error=result.reason))
     return result

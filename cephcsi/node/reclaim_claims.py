@@ -10,6 +10,11 @@ The node knows a staged volume by its id; the claim is found without listing any
 So the node's RBAC grows by `get` on PersistentVolumes and PersistentVolumeClaims only (no list,
 no watch: deploy/node-rbac.yaml). A volume staged but not published (its pod is going away) has no
 PV name here and is not trimmed; an API failure leaves the volume for the next pass.
+
+The PV's answer (which claim) is kept per volume id while the volume stays staged here: a bound
+PV's claimRef does not change, so only the claim is read each pass — one GET per published
+volume. A claim that is gone (404) or is another object under the same name (its uid is not the
+claimRef's) drops the entry, and the PV is read again on the next pass.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +56,16 @@ def pv_names(record: stage_record.StageRecord, table: Iterable[mounts.MountEntry
     return names
 
 
+@dataclass(frozen=True)
+class ClaimRef:
+    """The claim a PV is bound to, as its claimRef names it."""
+
+    pv_name: str
+    namespace: str
+    name: str
+    uid: str = ""
+
+
 class KubeTrimRequests:
     """cephcsi.node.reclaim_loop.Requests through the Kubernetes API (connected on first use)."""
 
@@ -57,6 +73,8 @@ class KubeTrimRequests:
         self.kubeconfig = kubeconfig
         self.timeout = timeout
         self._api: CoreV1Api | None = None
+        self.claims: dict[str, ClaimRef] = {}
+        """Volume id → its PV's claim, for the volumes staged at the last pass."""
 
     def _client(self) -> CoreV1Api:
         if self._api is None:
@@ -72,6 +90,9 @@ class KubeTrimRequests:
 
     def __call__(self, records: list[stage_record.StageRecord]) -> dict[str, datetime]:
         table = mounts.read_mounts()
+        staged = {record.volume_id for record in records}
+        for volume_id in [v for v in self.claims if v not in staged]:
+            del self.claims[volume_id]
         result: dict[str, datetime] = {}
         for record in records:
             for pv_name in sorted(pv_names(record, table)):
@@ -87,13 +108,30 @@ class KubeTrimRequests:
         return result
 
     def _last_run(self, volume_id: str, pv_name: str) -> datetime | None:
-        api = self._client()
-        pv: Any = api.read_persistent_volume(pv_name, _request_timeout=self.timeout)
-        csi = pv.spec.csi if pv.spec is not None else None
-        ref = pv.spec.claim_ref if pv.spec is not None else None
-        if csi is None or csi.volume_handle != volume_id or ref is None:
+        ref = self.claims.get(volume_id)
+        if ref is None or ref.pv_name != pv_name:
+            ref = self._claim_of(volume_id, pv_name)
+            if ref is None:
+                return None
+            self.claims[volume_id] = ref
+        try:
+            claim: Any = self._client().read_namespaced_persistent_volume_claim(ref.name, ref.namespace,
+                                                                                _request_timeout=self.timeout)
+        except Exception as error:
+            if getattr(error, "status", None) == 404:
+                self.claims.pop(volume_id, None)  # the PV may be bound anew: read it next pass
+            raise
+        if ref.uid and str(claim.metadata.uid or "") != ref.uid:
+            self.claims.pop(volume_id, None)  # another claim under the PV's claim's name: not ours
             return None
-        claim: Any = api.read_namespaced_persistent_volume_claim(ref.name, ref.namespace,
-                                                                 _request_timeout=self.timeout)
         annotations = dict(claim.metadata.annotations or {})
         return parse_time(str(annotations.get(LAST_RUN_ANNOTATION, "")))
+
+    def _claim_of(self, volume_id: str, pv_name: str) -> ClaimRef | None:
+        """The claim PV `pv_name` is bound to, when it is the PV of volume `volume_id`."""
+        pv: Any = self._client().read_persistent_volume(pv_name, _request_timeout=self.timeout)
+        csi = pv.spec.csi if pv.spec is not None else None
+        ref = pv.spec.claim_ref if pv.spec is not None else None
+        if csi is None or csi.volume_handle != volume_id or ref is None or not ref.name:
+            return None
+        return ClaimRef(pv_name, str(ref.namespace or ""), str(ref.name), str(ref.uid or ""))

@@ -8,14 +8,23 @@ channel of its own — the claim's `reclaimspace.cephcsi.ceph.io/last-run` annot
 leader writes after its sparsify, is it. The driver has no csi-addons sidecar to carry a
 NodeReclaimSpace call, and a request CRD would need an operator to install it.
 
-Each pass (every --reclaimspace-poll-interval):
-1. the stage records under the kubelet's staging directories that can be trimmed
-   (cephcsi.node.reclaim.why_not) — nothing else is read when there are none;
+Each pass (every --reclaimspace-poll-interval, by default 10 minutes in node mode: a schedule
+names at most one run an hour, and a pass reads the API for every staged volume):
+1. the stage records under this driver's staging directories (`--drivername`: another cephcsi
+   instance on the node, with another name, trims its own volumes under its own locks) that can
+   be trimmed (cephcsi.node.reclaim.why_not) — nothing else is read when there are none;
 2. for those, the claim's last-run through `requests` (cephcsi.node.reclaim_claims: the PV named by
    the volume's publish path, then its claim — `get` by name only);
 3. a trim of each whose last-run is newer than the one this node last honoured, under the node's
    per-volume lock, taken without waiting (a busy volume is tried again next pass); the record is
    read again under the lock, since an unstage may have removed it meanwhile.
+
+A trim that fails (or runs out of reclaim.TRIM_TIMEOUT) counts as honouring the run too: it is
+not tried again before the leader records the next one. Retrying every pass would hold the
+volume's lock for a long fstrim again and again, and the volume's NodeUnstage, NodePublish and
+NodeExpand would find it busy (ABORTED) most of the time, forever if the trim never succeeds. A
+busy volume (the lock taken by one of those calls) is different: nothing ran, so it is tried on
+the next pass.
 
 What was honoured is kept per volume id in `<state-dir>/reclaim-trims.json` (written atomically),
 so a plugin restart does not trim every volume again; a lost file costs one extra trim each,
@@ -41,18 +50,41 @@ from cephcsi.volumes.reclaim import format_time, parse_time
 log = logging.getLogger(__name__)
 
 STATE_FILE = "reclaim-trims.json"
-STAGE_GLOBS = ("plugins/kubernetes.io/csi/*/*/globalmount", "plugins/kubernetes.io/csi/pv/*/globalmount")
-"""kubelet's staging paths of Filesystem volumes (driver/<sha256>/globalmount since Kubernetes
-1.24, pv/<name>/globalmount before); Block volumes are never trimmed on the node."""
+CSI_DIR = "plugins/kubernetes.io/csi"
+LEGACY_DIR = "pv"
+"""kubelet's staging paths of Filesystem volumes: <driver>/<sha256>/globalmount since Kubernetes
+1.24, pv/<pv name>/globalmount before, where only the vol_data.json beside it names the driver.
+Block volumes are never trimmed on the node."""
+VOL_DATA = "vol_data.json"
 
 Requests = Callable[[list[stage_record.StageRecord]], Mapping[str, datetime]]
 """Volume id → the claim's recorded run, for the records given (absent: no run recorded)."""
 
 
-def staged_records(kubelet_dir: str) -> list[stage_record.StageRecord]:
-    """The stage records on this node that a trim applies to."""
+def staging_paths(kubelet_dir: str, driver_name: str) -> list[str]:
+    """The staging paths of Filesystem volumes of driver `driver_name` on this node."""
+    root = os.path.join(kubelet_dir, CSI_DIR)
+    found = set(glob.glob(os.path.join(glob.escape(os.path.join(root, driver_name)), "*", "globalmount")))
+    for path in glob.glob(os.path.join(glob.escape(os.path.join(root, LEGACY_DIR)), "*", "globalmount")):
+        if _driver_of(os.path.dirname(path)) == driver_name:
+            found.add(path)
+    return sorted(found)
+
+
+def _driver_of(volume_dir: str) -> str:
+    """The driverName kubelet recorded for a legacy staging directory ('' when unreadable)."""
+    try:
+        with open(os.path.join(volume_dir, VOL_DATA), encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (OSError, ValueError):
+        return ""
+    return str(doc.get("driverName", "")) if isinstance(doc, dict) else ""
+
+
+def staged_records(kubelet_dir: str, driver_name: str) -> list[stage_record.StageRecord]:
+    """The stage records of this driver on this node that a trim applies to."""
     found = []
-    for path in sorted({p for pattern in STAGE_GLOBS for p in glob.glob(os.path.join(kubelet_dir, pattern))}):
+    for path in staging_paths(kubelet_dir, driver_name):
         try:
             record = stage_record.load(path)
         except CephCSIError as error:
@@ -105,13 +137,15 @@ class TrimState:
 
 
 class NodeTrimPass:
-    def __init__(self, kubelet_dir: str, state_dir: str, locks: KeyLocks, runner: node_exec.Runner,
-                 command_timeout: float, requests: Requests, interval: float) -> None:
+    def __init__(self, kubelet_dir: str, driver_name: str, state_dir: str, locks: KeyLocks,
+                 runner: node_exec.Runner, requests: Requests, interval: float,
+                 trim_timeout: float = reclaim.TRIM_TIMEOUT) -> None:
         self.kubelet_dir = kubelet_dir
+        self.driver_name = driver_name
         self.state = TrimState(state_dir)
         self.locks = locks
         self.runner = runner
-        self.command_timeout = command_timeout
+        self.trim_timeout = trim_timeout
         self.requests = requests
         self.interval = interval
         self._stop = threading.Event()
@@ -135,7 +169,7 @@ class NodeTrimPass:
                 log.error("reclaim-space pass failed", extra=fields(error=str(error)))
 
     def run_once(self) -> list[reclaim.TrimResult]:
-        records = staged_records(self.kubelet_dir)
+        records = staged_records(self.kubelet_dir, self.driver_name)
         if not records:
             return []
         requested = self.requests(records)
@@ -160,11 +194,10 @@ class NodeTrimPass:
                 current = stage_record.load(record.staging_path)
                 if current is None or current.volume_id != record.volume_id:
                     return None  # unstaged meanwhile
-                return reclaim.trim(current, self.runner, self.command_timeout)
+                try:
+                    return reclaim.trim(current, self.runner, self.trim_timeout)
+                except CephCSIError as error:  # fstrim failed or timed out: recorded, not retried
+                    return reclaim.failed(record.volume_id, error.message)
         except OperationInFlight:
             log.info("volume busy; trim on the next pass", extra=fields(volume_id=record.volume_id))
-            return None
-        except CephCSIError as error:
-            log.warning("trim failed; retried on the next pass",
-                        extra=fields(volume_id=record.volume_id, error=error.message))
             return None
