@@ -14,7 +14,9 @@ zeros are not settled. A volume in use gets its space back from the node's trim 
 read-write open serves the check and the sparsify: that open is itself a watcher, so "in use"
 means any watcher beyond ours (ceph-csi counts the same way); a client that maps the image after
 the check waits for the lock like any other writer — slower, never wrong, since sparsify only
-removes data that reads as zeros.
+removes data that reads as zeros. The watchers are checked before anything is measured: the
+usage is a walk over the whole image (a read of every object without fast-diff), which an image
+that is then skipped would pay for nothing.
 
 Usage before and after is measured as `rbd du` does for an image without snapshots: the extents
 diff_iterate reports from the start of the image (whole objects, which the object map answers
@@ -34,9 +36,11 @@ from cephcsi.ceph.errors import ceph_call
 class Sparsified:
     image: str
     in_use: bool
-    """True: other clients watch the image, so it was left alone (used_* are the current usage)."""
-    used_before: int
-    used_after: int
+    """True: other clients watch the image, so it was left alone (and nothing was measured)."""
+    used_before: int = 0
+    used_after: int = 0
+    encrypted: bool = False
+    """True: the image holds an encrypted volume, so it was left alone (its caller decides)."""
 
     @property
     def reclaimed(self) -> int:
@@ -61,8 +65,13 @@ def sparsify(io: rados.Ioctx, name: str) -> Sparsified:
     """Sparsify image `name` unless other clients watch it. Raises the translated Ceph error
     (NotFound for a missing image)."""
     with ceph_call("sparsify", name), rbd.Image(io, name) as image:
-        before = used_bytes(image)
-        if len(list(image.watchers_list())) > 1:
-            return Sparsified(name, in_use=True, used_before=before, used_after=before)
-        image.sparsify(1 << image.stat()["order"])
-        return Sparsified(name, in_use=False, used_before=before, used_after=used_bytes(image))
+        return sparsify_open(name, image)
+
+
+def sparsify_open(name: str, image: rbd.Image) -> Sparsified:
+    """sparsify() on an image opened read-write (whose own watch is one of its watchers)."""
+    if len(list(image.watchers_list())) > 1:
+        return Sparsified(name, in_use=True)
+    before = used_bytes(image)
+    image.sparsify(1 << image.stat()["order"])
+    return Sparsified(name, in_use=False, used_before=before, used_after=used_bytes(image))

@@ -20,10 +20,12 @@ from datetime import UTC, datetime, timedelta
 
 from prometheus_client import Counter
 
-from cephcsi.ceph import sparsify
+from cephcsi.ceph import image_metadata, sparsify
 from cephcsi.ceph.credentials import Credentials
-from cephcsi.errors import InvalidArgument, NotFound
+from cephcsi.encryption import volume_keys
+from cephcsi.errors import InvalidArgument
 from cephcsi.observability.logging import fields
+from cephcsi.volumes.journal import Record
 from cephcsi.volumes.manager import VolumeManager
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,7 @@ LAST_RUN_ANNOTATION = "reclaimspace.cephcsi.ceph.io/last-run"
 """RFC 3339 UTC time of the last controller run on the claim (as a ReclaimSpaceCronJob's
 status.lastScheduleTime would say)."""
 RESULT_ANNOTATION = "reclaimspace.cephcsi.ceph.io/last-result"
-"""What that run did: `reclaimed <bytes>`, `skipped: in use`, or the error."""
+"""What that run did: `reclaimed <bytes>`, `skipped: in use`, `skipped: encrypted`, or the error."""
 
 SPARSIFIED_BYTES = Counter(
     "cephcsi_sparsify_reclaimed_bytes_total",
@@ -157,15 +159,35 @@ def is_due(schedule: Schedule, last_run: datetime | None, created: datetime, now
 
 # ---- the controller's half -----------------------------------------------------------------------
 
+def encrypted(record: Record, metadata: dict[str, str]) -> bool:
+    """Whether the volume is encrypted: its journal record names a KMS, or its image carries an
+    encryption state (ceph-csi's volumes, and ours, have both; either is enough)."""
+    values = {key: record.get(key) for key in (volume_keys.RECORD_KMS_KEY, volume_keys.RECORD_TYPE_KEY)}
+    return volume_keys.spec_of_record(values) is not None or bool(volume_keys.state_of(metadata))
+
+
 def sparsify_volume(volumes: VolumeManager, volume_id: str, credentials: Credentials) -> sparsify.Sparsified:
     """Sparsify the image of volume `volume_id` unless it is in use (ceph-csi's
-    ControllerReclaimSpace). Holds the volume's in-process lock, so this controller's own
-    delete, expand or snapshot of the volume does not run meanwhile (busy → ABORTED, retried)."""
+    ControllerReclaimSpace) or encrypted. Holds the volume's in-process lock, so this
+    controller's own delete, expand or snapshot of the volume does not run meanwhile (busy →
+    ABORTED, retried).
+
+    An encrypted volume is never sparsified: what it stores is ciphertext, which is not zeros
+    even where the filesystem inside wrote zeros or freed blocks, so the sparsify would read the
+    whole image to find nothing (the node does not trim it either: its dm-crypt mapping passes no
+    discards)."""
     with volumes.held(volume_id, credentials) as (io, record):
-        done = sparsify.sparsify(io, record.image_name)
-    SPARSIFY_RUNS.labels("skipped-in-use" if done.in_use else "sparsified").inc()
+        if encrypted(record, image_metadata.read(io, record.image_name)):
+            done = sparsify.Sparsified(record.image_name, in_use=False, encrypted=True)
+        else:
+            done = sparsify.sparsify(io, record.image_name)
+    outcome = "skipped-encrypted" if done.encrypted else "skipped-in-use" if done.in_use else "sparsified"
+    SPARSIFY_RUNS.labels(outcome).inc()
     SPARSIFIED_BYTES.inc(done.reclaimed)
-    if done.in_use:
+    if done.encrypted:
+        log.info("volume encrypted, sparsify skipped (its ciphertext holds no zeros)",
+                 extra=fields(volume_id=volume_id))
+    elif done.in_use:
         log.info("volume in use, sparsify skipped (its node trims it)", extra=fields(volume_id=volume_id))
     else:
         log.info("volume sparsified", extra=fields(volume_id=volume_id, image=done.image, reclaimed=done.reclaimed))

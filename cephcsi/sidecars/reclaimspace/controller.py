@@ -18,6 +18,11 @@ under the next leader: sparsify of an already sparse image changes nothing.
 
 Volumes are handled one at a time: sparsify reads every allocated object of an image, and a
 schedule like @daily on every claim must not turn into all images read at once.
+
+A record that cannot be written (the patch failed: the API unreachable, the claim changed) is
+kept in memory and written again on later passes before anything else is done for that claim;
+the claim is not sparsified again meanwhile, and the claims after it in the pass still run. A
+new leader has no such memory: it repeats that one sparsify, as after a kill between 1 and 2.
 """
 from __future__ import annotations
 
@@ -69,6 +74,8 @@ class ReclaimSpaceLoop:
         self._stop = threading.Event()
         self._refused: set[tuple[str, str]] = set()
         """(claim uid, schedule) already reported as unreadable: one Warning, not one per poll."""
+        self._unrecorded: dict[str, _Record] = {}
+        """Claim uid → the run whose record (patch and event) has not been written yet."""
 
     def start(self, stop: threading.Event) -> None:
         self._stop = stop
@@ -96,15 +103,24 @@ class ReclaimSpaceLoop:
         ctx = self.ctx
         now = ctx.now()
         done: list[str] = []
-        for claim in sorted(ctx.claims.list(), key=objects.key):
+        claims = sorted(ctx.claims.list(), key=objects.key)
+        present = {objects.uid(claim) for claim in claims}
+        for uid in [uid for uid in self._unrecorded if uid not in present]:
+            del self._unrecorded[uid]  # the claim is gone: nothing to record on
+        for claim in claims:
             if self._stop.is_set():
                 break
+            pending = self._unrecorded.get(objects.uid(claim))
+            if pending is not None:
+                if self._record(pending):
+                    done.append(pending.claim_key)
+                continue  # recorded now, or still not: either way not run again this pass
             decision = due.decide(claim, ctx.driver_name, _getter(ctx.volumes), _getter(ctx.classes), now)
             if isinstance(decision, due.Refused):
                 self._refuse(decision)
             elif isinstance(decision, due.Due):
-                self._run_one(decision, now)
-                done.append(decision.claim_key)
+                if self._run_one(decision, now):
+                    done.append(decision.claim_key)
         return done
 
     def _refuse(self, refused: due.Refused) -> None:
@@ -115,28 +131,43 @@ class ReclaimSpaceLoop:
         log.warning("reclaim-space schedule refused", extra=fields(claim=refused.claim_key, error=refused.reason))
         self.ctx.events.event(refused.claim, WARNING, "ReclaimSpaceScheduleInvalid", refused.reason)
 
-    def _run_one(self, item: due.Due, now: datetime) -> None:
+    def _run_one(self, item: due.Due, now: datetime) -> bool:
+        """Run and record one due claim; False when nothing was recorded (yet)."""
         ctx = self.ctx
         try:
             credentials = self._credentials(item)
             result = ctx.calls.run("ReclaimSpace", item.volume_id,
                                    lambda: ctx.sparsify(item.volume_id, credentials), self._stop)
         except Stopping:
-            return  # the term ends: nothing recorded, the next leader runs it
+            return False  # the term ends: nothing recorded, the next leader runs it
         except CephCSIError as error:
             outcome, event_type, message = f"error: {error.message}", WARNING, error.message
             log.warning("reclaim space failed", extra=fields(claim=item.claim_key, error=error.message))
         else:
-            if result.in_use:
+            if result.encrypted:
+                outcome = "skipped: encrypted (its ciphertext holds no zeros to return)"
+            elif result.in_use:
                 outcome = "skipped: in use (the node that stages it trims it)"
             else:
                 outcome = f"reclaimed {result.reclaimed}"
             event_type, message = NORMAL, f"reclaim space: {outcome}"
-        namespace, name = objects.namespace(item.claim), objects.name(item.claim)
-        ctx.writer.annotate_claim(namespace, name, {
-            reclaim.LAST_RUN_ANNOTATION: reclaim.format_time(now), reclaim.RESULT_ANNOTATION: outcome})
-        ctx.events.event(item.claim, event_type, "ReclaimSpace" if event_type == NORMAL else "ReclaimSpaceFailed",
-                         message)
+        return self._record(_Record(item.claim_key, item.claim, now, outcome, event_type, message))
+
+    def _record(self, run: _Record) -> bool:
+        """Write the run's record on its claim; False (kept for the next pass) when the patch fails."""
+        claim = run.claim
+        try:
+            self.ctx.writer.annotate_claim(objects.namespace(claim), objects.name(claim), {
+                reclaim.LAST_RUN_ANNOTATION: reclaim.format_time(run.when), reclaim.RESULT_ANNOTATION: run.outcome})
+        except Exception as error:  # noqa: BLE001 - one claim's failed patch must not end the pass
+            self._unrecorded[objects.uid(claim)] = run
+            log.warning("reclaim-space run not recorded on its claim; written again on the next pass",
+                        extra=fields(claim=run.claim_key, error=getattr(error, "message", str(error))))
+            return False
+        self._unrecorded.pop(objects.uid(claim), None)
+        self.ctx.events.event(claim, run.event_type,
+                              "ReclaimSpace" if run.event_type == NORMAL else "ReclaimSpaceFailed", run.message)
+        return True
 
     def _credentials(self, item: due.Due) -> Credentials:
         """The PV's controller-expand Secret (already resolved on the PV), else the class's
@@ -152,6 +183,18 @@ class ReclaimSpaceLoop:
                 f"neither the PersistentVolume {objects.name(item.pv)} (controllerExpandSecretRef) nor its "
                 "StorageClass (provisioner secret) names a Secret to sparsify the volume with")
         return Credentials.from_secrets(self.ctx.api.read_secret(found.namespace, found.name))
+
+
+@dataclass(frozen=True)
+class _Record:
+    """One run's record, as it is written on the claim."""
+
+    claim_key: str
+    claim: Mapping[str, Any]
+    when: datetime
+    outcome: str
+    event_type: str
+    message: str
 
 
 def _getter(informer: Informer) -> Callable[[str], Mapping[str, Any] | None]:

@@ -1,9 +1,10 @@
 """The reclaim-space schedule loop on the real control plane and Ceph: a real `cephcsi
 --mode=controller` finds the claims whose csi-addons schedule annotation (on the claim or its
 StorageClass) is due, sparsifies their images (zeros written through librbd come back: `rbd du`
-drops), skips an image another client watches, records each run on the claim (last-run,
-last-result, an Event) and does not run it again before the schedule's next time; a claim
-without a schedule is left alone and an unreadable schedule gets one Warning."""
+drops), skips an image another client watches and an encrypted one (its image metadata says so,
+as ceph-csi's layout has it), records each run on the claim (last-run, last-result, an Event)
+and does not run it again before the schedule's next time; a claim without a schedule is left
+alone and an unreadable schedule gets one Warning."""
 from __future__ import annotations
 
 import json
@@ -65,6 +66,7 @@ def test_due_claims_are_sparsified_and_recorded(env: Env, start_controllers: Sta
         "due": bound_image(env, ns, "due", plain, {LAST_RUN: LONG_AGO}),
         "by-class": bound_image(env, ns, "by-class", scheduled_class, {LAST_RUN: LONG_AGO}),
         "busy": bound_image(env, ns, "busy", plain, {LAST_RUN: LONG_AGO}),
+        "sealed": bound_image(env, ns, "sealed", plain, {LAST_RUN: LONG_AGO}),
         "none": bound_image(env, ns, "none", plain, {LAST_RUN: LONG_AGO}),
         "not-yet": bound_image(env, ns, "not-yet", plain, {}),
     }
@@ -72,9 +74,14 @@ def test_due_claims_are_sparsified_and_recorded(env: Env, start_controllers: Sta
         for image in images.values():
             write_zeros(io, image, 8 * MiB)
         assert {name: du(env.ceph, image) for name, image in images.items()} == dict.fromkeys(images, 8 * MiB)
+        # Marked as a formatted LUKS volume (what a node's first stage writes): its zeros stand for
+        # ciphertext here, which a real encrypted volume never has; the sparsify must not read it.
+        env.ceph.admin("rbd", "image-meta", "set", f"{env.ceph.pool}/{images['sealed']}",
+                       "rbd.csi.ceph.com/encrypted", "encrypted")
         with rbd.Image(io, images["busy"]) as user:  # a read-write open watches it, as a mapped device does
             user.size()
-            for name, schedule in (("due", "@daily"), ("busy", "0 3 * * *"), ("not-yet", "@yearly")):
+            for name, schedule in (("due", "@daily"), ("busy", "0 3 * * *"), ("sealed", "@daily"),
+                                   ("not-yet", "@yearly")):
                 # not-yet: created just now, so its first time is next January 1st
                 env.kube.core.patch_namespaced_persistent_volume_claim(
                     name, ns, {"metadata": {"annotations": {SCHEDULE: schedule}}})
@@ -82,12 +89,16 @@ def test_due_claims_are_sparsified_and_recorded(env: Env, start_controllers: Sta
             wait_for("the busy claim's run", lambda: notes(env, ns, "busy").get(LAST_RUN, LONG_AGO) != LONG_AGO,
                      timeout=60)
         assert notes(env, ns, "busy")[RESULT].startswith("skipped: in use")
+        wait_for("the encrypted claim's run", lambda: notes(env, ns, "sealed").get(LAST_RUN, LONG_AGO) != LONG_AGO,
+                 timeout=60)
+        assert notes(env, ns, "sealed")[RESULT].startswith("skipped: encrypted")
+        assert du(env.ceph, images["sealed"]) == 8 * MiB
         for name in ("due", "by-class"):
             wait_for(f"{name}'s run", lambda: notes(env, ns, name).get(LAST_RUN, LONG_AGO) != LONG_AGO, timeout=60)
             assert notes(env, ns, name)[RESULT] == f"reclaimed {8 * MiB}"
             assert du(env.ceph, images[name]) == 0
             wait_for(f"{name}'s event", lambda: "ReclaimSpace" in reasons(env, ns, name))
-        ran = {name: notes(env, ns, name)[LAST_RUN] for name in ("due", "by-class", "busy")}
+        ran = {name: notes(env, ns, name)[LAST_RUN] for name in ("due", "by-class", "busy", "sealed")}
 
         # An unreadable schedule: one Warning, no run.
         env.kube.core.patch_namespaced_persistent_volume_claim(

@@ -1,5 +1,7 @@
 """One pass of the leader's reclaim-space loop with fake API objects: what is recorded on the
-claim for a sparsified, a busy and a failed volume, and nothing when the term ends mid-call."""
+claim for a sparsified, a busy, an encrypted and a failed volume, nothing when the term ends
+mid-call, and a claim whose record cannot be written stops neither the pass nor is it sparsified
+again while its record is retried."""
 from __future__ import annotations
 
 import threading
@@ -10,7 +12,7 @@ import pytest
 
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.sparsify import Sparsified
-from cephcsi.errors import Internal
+from cephcsi.errors import Internal, Unavailable
 from cephcsi.kube.events import EventRecorder
 from cephcsi.kube.informer import Informer
 from cephcsi.sidecars.api import KubeApi
@@ -41,9 +43,17 @@ class Recorder:
     def __init__(self) -> None:
         self.patches: list[tuple[str, str, dict[str, str]]] = []
         self.events: list[tuple[str, str]] = []
+        self.refuse: set[str] = set()
+        """Claim names whose patch fails."""
+        self.claims: Store | None = None
+        """The informer cache a patch shows up in (as the watch would bring it)."""
 
     def annotate_claim(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        if name in self.refuse:
+            raise Unavailable(f'annotate PersistentVolumeClaim "{namespace}/{name}": connection refused')
         self.patches.append((namespace, name, annotations))
+        if self.claims is not None:
+            self.claims.items[f"{namespace}/{name}"]["metadata"]["annotations"].update(annotations)
 
     def event(self, obj: Any, event_type: str, reason: str, message: str) -> None:
         self.events.append((event_type, reason))
@@ -62,6 +72,18 @@ def pv(name: str) -> dict[str, Any]:
     return {"metadata": {"name": f"pv-{name}"}, "spec": {"csi": {
         "driver": DRIVER, "volumeHandle": f"vol-{name}",
         "controllerExpandSecretRef": {"name": "s", "namespace": "ceph"}}}}
+
+
+def make_loop(sparsify: Any, names: list[str], recorder: Recorder) -> ReclaimSpaceLoop:
+    recorder.claims = Store({f"ns/{n}": claim(n) for n in names})
+    ctx = ReclaimContext(
+        driver_name=DRIVER,
+        claims=cast(Informer, recorder.claims),
+        volumes=cast(Informer, Store({f"pv-{n}": pv(n) for n in names})),
+        classes=cast(Informer, Store({"sc": {"metadata": {"name": "sc"}}})),
+        api=cast(KubeApi, recorder), writer=cast(ReclaimApi, recorder), events=cast(EventRecorder, recorder),
+        calls=CsiCalls(max_workers=1, timeout=10.0), sparsify=sparsify, now=lambda: NOW)
+    return ReclaimSpaceLoop(ctx)
 
 
 def run_pass(sparsify: Any, names: list[str], stop: threading.Event | None = None) -> Recorder:
@@ -87,15 +109,43 @@ def test_each_outcome_is_recorded_on_its_claim() -> None:
             return Sparsified("img", in_use=True, used_before=8, used_after=8)
         if volume_id == "vol-bad":
             raise Internal("sparsify img failed: timed out")
+        if volume_id == "vol-luks":
+            return Sparsified("img", in_use=False, encrypted=True)
         return Sparsified("img", in_use=False, used_before=8 << 20, used_after=0)
 
-    recorder = run_pass(sparsify, ["bad", "busy", "good"])
+    recorder = run_pass(sparsify, ["bad", "busy", "good", "luks"])
     results = {name: notes[reclaim.RESULT_ANNOTATION] for _ns, name, notes in recorder.patches}
     assert results == {"bad": "error: sparsify img failed: timed out",
-                       "busy": "skipped: in use (the node that stages it trims it)", "good": "reclaimed 8388608"}
+                       "busy": "skipped: in use (the node that stages it trims it)", "good": "reclaimed 8388608",
+                       "luks": "skipped: encrypted (its ciphertext holds no zeros to return)"}
     assert {notes[reclaim.LAST_RUN_ANNOTATION] for _ns, _name, notes in recorder.patches} == {"2026-11-27T19:00:00Z"}
     assert sorted(recorder.events) == [("Normal", "ReclaimSpace"), ("Normal", "ReclaimSpace"),
-                                       ("Warning", "ReclaimSpaceFailed")]
+                                       ("Normal", "ReclaimSpace"), ("Warning", "ReclaimSpaceFailed")]
+
+
+def test_a_record_that_cannot_be_written_stops_nothing_and_is_written_later() -> None:
+    sparsified: list[str] = []
+
+    def sparsify(volume_id: str, credentials: Credentials) -> Sparsified:
+        sparsified.append(volume_id)
+        return Sparsified("img", in_use=False, used_before=8 << 20, used_after=0)
+
+    recorder = Recorder()
+    recorder.refuse = {"a"}
+    loop = make_loop(sparsify, ["a", "b"], recorder)
+    assert loop.reconcile() == ["ns/b"]  # the claim after the failed patch still ran
+    assert sparsified == ["vol-a", "vol-b"] and [name for _ns, name, _notes in recorder.patches] == ["b"]
+    assert recorder.events == [("Normal", "ReclaimSpace")]
+
+    assert loop.reconcile() == []  # still refused: a is not sparsified again meanwhile
+    assert sparsified == ["vol-a", "vol-b"]
+    recorder.refuse = set()
+    assert loop.reconcile() == ["ns/a"]
+    assert sparsified == ["vol-a", "vol-b"]  # a's record written, its sparsify not repeated
+    assert recorder.patches[-1] == ("ns", "a", {reclaim.LAST_RUN_ANNOTATION: "2026-11-27T19:00:00Z",
+                                                reclaim.RESULT_ANNOTATION: "reclaimed 8388608"})
+    assert recorder.events == [("Normal", "ReclaimSpace")] * 2
+    assert loop.reconcile() == [] and sparsified == ["vol-a", "vol-b"]  # both recorded: nothing due
 
 
 def test_a_term_that_ends_mid_call_records_nothing() -> None:
