@@ -23,18 +23,27 @@ again, probe, luksFormat, record "encrypted" — all while holding it. A stage t
 taken waits for it (up to FORMAT_WAIT seconds, then ABORTED: kubelet retries), reads the state
 again and opens the header the other node wrote. Opening an "encrypted" volume takes no lock.
 A stage killed while holding the lock leaves it to lapse after FORMAT_LOCK_SECONDS.
+
+The lock lapses after FORMAT_LOCK_SECONDS whether or not its holder is done (a `rados` run cannot
+renew it), and a format that outlived it could meet another node's: that node would take the
+lock, find the device still blank and format it too. So right before the format (probe and
+luksFormat, each bounded by the command timeout) the time left on the lock must cover both
+runs with a margin; else nothing is written, the lock is released and the stage fails with
+DEADLINE_EXCEEDED for kubelet to retry. After luksFormat a lapse is harmless: whoever comes
+next finds the header and keeps it.
 """
 from __future__ import annotations
 
 import logging
 import socket
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from cephcsi.encryption import volume_keys
 from cephcsi.encryption.spec import EncryptionSpec
-from cephcsi.errors import FailedPrecondition, OperationInFlight
+from cephcsi.errors import DeadlineExceeded, FailedPrecondition, OperationInFlight
 from cephcsi.node import devices, luks
 from cephcsi.node.image_meta import RbdImageMetadata
 from cephcsi.node.journal_owner import JournalOwner
@@ -52,17 +61,23 @@ also a few `rados`/`rbd` runs) before it gives up with ABORTED."""
 FORMAT_LOCK_SECONDS = 300
 """The lapse of a format's lock: a stage killed while formatting blocks the volume this long at
 most; far longer than one format (whose cryptsetup run is bounded by the command timeout)."""
+FORMAT_RUNS = 2
+"""Tool runs of the format itself, each bounded by the command timeout: the probe, luksFormat."""
+LAPSE_MARGIN = 10.0
+"""Seconds kept in hand beyond FORMAT_RUNS command timeouts before the lock lapses."""
 
 
 class LuksStage:
     def __init__(self, cryptsetup: luks.Luks, keys: Callable[[], KeySource],
                  metadata: Callable[[StageRequest], RbdImageMetadata],
-                 format_wait: float = FORMAT_WAIT, holder: str = "") -> None:
+                 format_wait: float = FORMAT_WAIT, holder: str = "",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.cryptsetup = cryptsetup
         self._keys = keys
         self.metadata = metadata
         self.format_wait = format_wait
         self.holder = holder or socket.gethostname()
+        self.clock = clock
 
     def open(self, record: StageRecord, request: StageRequest, spec: EncryptionSpec) -> bool:
         """Make /dev/mapper/<record.crypt_name> the open LUKS device over record.device; True when
@@ -76,13 +91,13 @@ class LuksStage:
         state = self._known_state(values, record, request)
         passphrase = self._passphrase(values, record, request, spec, meta)
         if state == volume_keys.PREPARED and not record.read_only:
-            with self._format_lock(meta, record.volume_id):
+            with self._format_lock(meta, record.volume_id) as still_locked:
                 # Another node may have formatted it (and even rotated its key) while this one
                 # waited: the state read under the lock is the one that counts.
                 values = meta.read()
                 state = self._known_state(values, record, request)
                 if state == volume_keys.PREPARED:
-                    self._format_once(record, meta, passphrase)
+                    self._format_once(record, meta, passphrase, still_locked)
                 else:
                     log.info("volume formatted by another node meanwhile; opening its header",
                              extra=fields(volume_id=record.volume_id))
@@ -115,7 +130,8 @@ class LuksStage:
         return self._keys().passphrase(values, record.volume_id, spec, request.secrets,
                                        tenant=lambda: JournalOwner.beside(meta).read(record.volume_id))
 
-    def _format_once(self, record: StageRecord, meta: RbdImageMetadata, passphrase: str) -> None:
+    def _format_once(self, record: StageRecord, meta: RbdImageMetadata, passphrase: str,
+                     still_locked: Callable[[], None] = lambda: None) -> None:
         if record.read_only:
             if not self.cryptsetup.is_luks(record.device):
                 raise FailedPrecondition(
@@ -125,25 +141,42 @@ class LuksStage:
         else:
             # Nothing else may hold the device while it is formatted (an mkfs a killed plugin left).
             devices.require_unclaimed(record.device)
+            still_locked()
             if self.cryptsetup.format(record.device, passphrase, record.volume_id):
                 log.info("volume formatted with LUKS2", extra=fields(volume_id=record.volume_id))
             meta.set(volume_keys.STATE_KEY, volume_keys.ENCRYPTED)
 
     @contextmanager
-    def _format_lock(self, meta: RbdImageMetadata, volume_id: str) -> Iterator[None]:
+    def _format_lock(self, meta: RbdImageMetadata, volume_id: str) -> Iterator[Callable[[], None]]:
+        """Hold the volume's lock; yields the check to run right before the format (module
+        docstring), which raises when the lock could lapse before the format is done."""
         # A cookie of this attempt alone: release must never break another stage's lock (two
         # plugins may share a host name, as in tests/vm/test_concurrent_format.py).
         lock = ClusterLock(meta.runner, meta.timeout, meta.image, meta.monitors, meta.credentials, volume_id,
                            f"cephcsi-format@{self.holder}/{uuid.uuid4().hex[:12]}",
                            f"cephcsi LUKS format on {self.holder}", duration=FORMAT_LOCK_SECONDS)
-        if not lock.wait(self.format_wait):
+        taken = lock.acquire(self.format_wait, clock=self.clock)
+        if taken is None:
             raise OperationInFlight(
                 f"another node is formatting volume {volume_id} (or rotating its key): its lock was still held "
                 f"after {self.format_wait:g} s; retry (a lock whose holder died lapses {FORMAT_LOCK_SECONDS} s "
                 "after it was taken)"
             )
+        needed = FORMAT_RUNS * self.cryptsetup.timeout + LAPSE_MARGIN
+
+        def still_locked() -> None:
+            left = taken + FORMAT_LOCK_SECONDS - self.clock()
+            if left < needed:
+                raise DeadlineExceeded(
+                    f"the first LUKS format of volume {volume_id} was not started: the volume's lock, taken "
+                    f"{self.clock() - taken:.0f} s ago, may lapse in {max(left, 0):.0f} s, before a format (up to "
+                    f"{needed:.0f} s) would be done, and another node could then format it too. Nothing was "
+                    "written; retry (the steps before the format ran slowly: check the node's load and the "
+                    "Ceph cluster's health if this repeats)"
+                )
+
         try:
-            yield
+            yield still_locked
         finally:
             lock.release()
 

@@ -14,6 +14,7 @@ its cookie; release breaks only the lockers with that cookie.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,9 @@ LOCK_SECONDS = 600
 """The default lapse: far longer than a rotation, short enough that a dead holder does not block
 the volume for long."""
 _BUSY = "Device or resource busy"
+_NO_OBJECT = re.compile(r"rados_lock_get_lock_info\(\): (\(2\) )?No such file or directory")
+"""`rados lock info`'s own error line for ENOENT. Matched whole: every run also prints "can't open
+ceph.conf: (2) No such file or directory" when there is none, and a missing pool says ENOENT too."""
 
 
 def lock_name(volume_id: str) -> str:
@@ -71,19 +75,34 @@ class ClusterLock:
 
     def wait(self, seconds: float, interval: float = 1.0, sleep: Callable[[float], None] = time.sleep) -> bool:
         """Take the lock, retrying while another holds it, for up to `seconds`; False if it never came."""
-        deadline = time.monotonic() + seconds
+        return self.acquire(seconds, interval, sleep) is not None
+
+    def acquire(self, seconds: float, interval: float = 1.0, sleep: Callable[[float], None] = time.sleep,
+                clock: Callable[[], float] = time.monotonic) -> float | None:
+        """wait(), returning when (by `clock`) the `lock get` that got the lock began, None if it
+        never came. The lapse counts from the grant, which came after that: the earliest the
+        lock can lapse is that reading plus `duration`."""
+        deadline = clock() + seconds
         while True:
+            started = clock()
             if self.take():
-                return True
-            if time.monotonic() + interval > deadline:
-                return False
+                return started
+            if clock() + interval > deadline:
+                return None
             sleep(interval)
 
     def lockers(self) -> list[dict[str, str]]:
+        """The lock's holders; none when the lock's object does not exist (a lock never taken on
+        this volume: on an existing object a lock nobody holds lists no lockers). Any other
+        failure raises: read as "no lockers", a refused or timed-out read would make release()
+        leave the lock held, silently."""
+        what = f"read the lock of volume {self.volume_id}"
         result = self._run(["lock", "info", self.volume_id, lock_name(self.volume_id), "--format", "json"],
-                           f"read the lock of volume {self.volume_id}", ok_codes=(0, 1))
+                           what, ok_codes=(0, 1))
         if result.returncode != 0:
-            return []  # no such lock (any more)
+            if _NO_OBJECT.search(result.stderr):
+                return []
+            raise translate(CommandFailed(result, what), what, self.image)
         try:
             found = json.loads(result.stdout).get("lockers", [])
             return [{key: str(value) for key, value in locker.items()} for locker in found]

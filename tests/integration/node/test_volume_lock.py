@@ -1,7 +1,8 @@
 """The volume's cluster lock (cephcsi.node.volume_lock) on the real Ceph cluster: one holder at a
 time across cookies (a first LUKS format on one node, a stage or a key rotation elsewhere), a
 waiter that gets it once the holder releases, release never breaking another's lock, and the
-rotation refused while a format holds it."""
+rotation refused while a format holds it; `rados lock info` as the tool answers it: no lockers
+for a lock never taken, an error (never "no lockers") when the read itself is refused."""
 from __future__ import annotations
 
 import threading
@@ -11,7 +12,7 @@ import uuid
 import pytest
 
 from cephcsi.ceph.credentials import Credentials
-from cephcsi.errors import OperationInFlight
+from cephcsi.errors import CephCSIError, OperationInFlight
 from cephcsi.node import exec as node_exec
 from cephcsi.node.key_rotation import RotationLock
 from cephcsi.node.stage_record import ImageSpec
@@ -54,3 +55,20 @@ def test_one_holder_at_a_time_and_a_waiter_gets_it_after_release(ceph_cluster: C
         first.release()
         second.release()
     assert first.lockers() == []
+
+
+def test_a_lock_never_taken_has_no_lockers_and_a_refused_read_raises(ceph_cluster: CephTestCluster) -> None:
+    volume_id = f"0001-0004-test-0000000000000001-{uuid.uuid4()}"
+    image = ImageSpec(ceph_cluster.pool, f"csi-vol-{uuid.uuid4()}")
+    never = ClusterLock(node_exec.run, 30, image, ceph_cluster.mon_host, Credentials(ceph_cluster.user, ceph_cluster.key),
+                        volume_id, "cephcsi-format@node-a/1", "test", duration=120)
+    assert never.lockers() == []  # its object does not exist
+    never.release()  # nothing to release: no error
+    # A read that fails for another reason (here a pool that is gone, also ENOENT): before, this
+    # read as "no lockers" and release() did nothing.
+    gone = ClusterLock(node_exec.run, 30, ImageSpec(f"gone-{uuid.uuid4().hex[:8]}", image.image), ceph_cluster.mon_host,
+                       Credentials(ceph_cluster.user, ceph_cluster.key), volume_id, "cephcsi-format@node-a/1", "test")
+    with pytest.raises(CephCSIError, match=f"read the lock of volume {volume_id}"):
+        gone.lockers()
+    with pytest.raises(CephCSIError):
+        gone.release()

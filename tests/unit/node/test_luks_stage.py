@@ -13,7 +13,7 @@ import pytest
 
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.encryption.spec import EncryptionSpec
-from cephcsi.errors import FailedPrecondition, InvalidArgument, OperationInFlight
+from cephcsi.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, OperationInFlight
 from cephcsi.node import stage_record
 from cephcsi.node.mappers.base import KRBD, MapRequest
 from cephcsi.node.mounts import MountEntry
@@ -109,7 +109,7 @@ class Cluster:
             return 0, "", ""
         if op == "info":
             if self.holder is None:
-                return 1, "", "(2) No such file or directory"
+                return 1, "", "ERROR: rados_lock_get_lock_info(): (2) No such file or directory"
             return 0, json.dumps({"name": f"{VOLUME}-mutexlock", "type": "exclusive", "lockers": [
                 {"name": "client.4242", "cookie": self.holder, "description": "", "expiration": "x", "addr": "y"}]}), ""
         assert op == "break" and argv[argv.index("--lock-cookie") + 1] == self.holder
@@ -331,3 +331,30 @@ def test_a_failed_format_releases_the_lock(tmp_path: os.PathLike[str], device: s
     with pytest.raises(FailedPrecondition, match="already holds"):
         stager.stage(request(staging_dir(tmp_path)))
     assert "lock get" in events.log and cluster.holder is None
+
+
+@pytest.mark.parametrize("left", [29.0, 31.0])
+def test_no_format_starts_when_the_lock_could_lapse_before_it_is_done(
+        tmp_path: os.PathLike[str], device: str, events: Events, left: float) -> None:
+    """The lock lapses FORMAT_LOCK_SECONDS (300 s) after it was taken: a format started when less
+    is left than the probe's and luksFormat's bounds (2 × the 10 s command timeout) plus a 10 s
+    margin could meet another node's format."""
+    cluster = Cluster(device, events, "encryptionPrepared")
+    now = [1000.0]
+
+    def slow_meta_read(argv: list[str]) -> tuple[int, str, str] | None:
+        if argv[:3] == ["rbd", "image-meta", "list"] and cluster.holder is not None:
+            now[0] += 300 - left  # the state read under the lock hung that long
+        return Cluster.respond(cluster, argv)
+
+    cluster.respond = slow_meta_read  # type: ignore[method-assign]
+    stager, _ = make(cluster, events, FakeMapper(device, events))
+    stager.crypt.clock = lambda: now[0]
+    if left > 30:
+        stager.stage(request(staging_dir(tmp_path)))
+        assert "luksFormat" in events.log and cluster.metadata == {STATE: "encrypted"}
+    else:
+        with pytest.raises(DeadlineExceeded, match="may lapse in 29 s.*Nothing was written; retry"):
+            stager.stage(request(staging_dir(tmp_path)))
+        assert "luksFormat" not in events.log and cluster.metadata == {STATE: "encryptionPrepared"}
+    assert cluster.holder is None  # released either way: a retry takes it afresh
