@@ -43,7 +43,7 @@ from contextlib import contextmanager
 
 from cephcsi.encryption import volume_keys
 from cephcsi.encryption.spec import EncryptionSpec
-from cephcsi.errors import DeadlineExceeded, FailedPrecondition, OperationInFlight
+from cephcsi.errors import CephCSIError, DeadlineExceeded, FailedPrecondition, OperationInFlight
 from cephcsi.node import devices, luks
 from cephcsi.node.image_meta import RbdImageMetadata
 from cephcsi.node.journal_owner import JournalOwner
@@ -178,7 +178,13 @@ class LuksStage:
         try:
             yield still_locked
         finally:
-            lock.release()
+            try:
+                lock.release()
+            except CephCSIError as error:
+                # The stage's own outcome stands (a failure here must not hide the format's); the
+                # lock lapses by itself, and another node's stage waits for it until then.
+                log.warning("the volume's format lock could not be released; it lapses by itself",
+                            extra=fields(volume_id=volume_id, error=error.message, lapse_seconds=FORMAT_LOCK_SECONDS))
 
     def close(self, record: StageRecord) -> None:
         if record.crypt_name:

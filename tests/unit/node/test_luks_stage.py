@@ -358,3 +358,23 @@ def test_no_format_starts_when_the_lock_could_lapse_before_it_is_done(
             stager.stage(request(staging_dir(tmp_path)))
         assert "luksFormat" not in events.log and cluster.metadata == {STATE: "encryptionPrepared"}
     assert cluster.holder is None  # released either way: a retry takes it afresh
+
+
+def test_a_lock_that_cannot_be_released_is_warned_about_and_the_stage_stands(
+        tmp_path: os.PathLike[str], device: str, events: Events, caplog: pytest.LogCaptureFixture) -> None:
+    """The lock's holders cannot be read (a refused or timed-out `rados`): release() says so instead
+    of doing nothing silently, and the format that succeeded is not turned into a failure."""
+    cluster = Cluster(device, events, "encryptionPrepared")
+
+    def refused_info(argv: list[str]) -> tuple[int, str, str] | None:
+        if argv[0] == "rados" and "info" in argv:
+            return 1, "", "ERROR: rados_lock_get_lock_info(): (13) Permission denied"
+        return Cluster.respond(cluster, argv)
+
+    cluster.respond = refused_info  # type: ignore[method-assign]
+    stager, _ = make(cluster, events, FakeMapper(device, events))
+    with caplog.at_level("WARNING"):
+        stager.stage(request(staging_dir(tmp_path)))
+    assert "luksFormat" in events.log and "luksOpen" in events.log and cluster.metadata == {STATE: "encrypted"}
+    assert "the volume's format lock could not be released; it lapses by itself" in caplog.messages
+    assert cluster.holder is not None  # left to lapse
