@@ -178,13 +178,8 @@ class LuksStage:
         try:
             yield still_locked
         finally:
-            try:
-                lock.release()
-            except CephCSIError as error:
-                # The stage's own outcome stands (a failure here must not hide the format's); the
-                # lock lapses by itself, and another node's stage waits for it until then.
-                log.warning("the volume's format lock could not be released; it lapses by itself",
-                            extra=fields(volume_id=volume_id, error=error.message, lapse_seconds=FORMAT_LOCK_SECONDS))
+            # Another node's stage waits for a lock left here until it lapses.
+            lock.release_or_lapse()
 
     def close(self, record: StageRecord) -> None:
         if record.crypt_name:

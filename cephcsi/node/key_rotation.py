@@ -377,4 +377,4 @@ class RotationLock:
         try:
             yield still_locked
         finally:
-            lock.release()
+            lock.release_or_lapse()

@@ -14,16 +14,20 @@ its cookie; release breaks only the lockers with that cookie.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cephcsi.ceph.credentials import Credentials, key_file
-from cephcsi.errors import Internal
+from cephcsi.errors import CephCSIError, Internal
 from cephcsi.node.exec import CommandFailed, Result, Runner
 from cephcsi.node.mappers.rbd_cli import translate
 from cephcsi.node.stage_record import ImageSpec
+from cephcsi.observability.logging import fields
+
+log = logging.getLogger(__name__)
 
 LOCK_SECONDS = 600
 """The default lapse: far longer than a rotation, short enough that a dead holder does not block
@@ -117,3 +121,12 @@ class ClusterLock:
         for locker in self.lockers():
             if locker.get("cookie") == self.cookie:
                 self.break_locker(locker.get("name", ""))
+
+    def release_or_lapse(self) -> None:
+        """Release in a `finally`: a failure to release is logged, never raised, so it cannot hide
+        the outcome of the work the lock guarded; the lock then lapses by itself after `duration`."""
+        try:
+            self.release()
+        except CephCSIError as error:
+            log.warning("the volume's lock could not be released; it lapses by itself",
+                        extra=fields(volume_id=self.volume_id, error=error.message, lapse_seconds=self.duration))

@@ -376,5 +376,5 @@ def test_a_lock_that_cannot_be_released_is_warned_about_and_the_stage_stands(
     with caplog.at_level("WARNING"):
         stager.stage(request(staging_dir(tmp_path)))
     assert "luksFormat" in events.log and "luksOpen" in events.log and cluster.metadata == {STATE: "encrypted"}
-    assert "the volume's format lock could not be released; it lapses by itself" in caplog.messages
+    assert "the volume's lock could not be released; it lapses by itself" in caplog.messages
     assert cluster.holder is not None  # left to lapse
