@@ -16,8 +16,12 @@ from cephcsi.ceph import encoding
 from cephcsi.ceph.batch import Batch
 from cephcsi.ceph.errors import ceph_call, error_number
 
-# librados.h LIBRADOS_LOCK_FLAG_RENEW (bit 0); the Pacific bindings do not export the constant.
+# librados.h LIBRADOS_LOCK_FLAG_RENEW (bit 0, alias MAY_RENEW) and LIBRADOS_LOCK_FLAG_MUST_RENEW
+# (bit 1); the Pacific bindings export neither constant.
 LOCK_FLAG_RENEW = 1
+LOCK_FLAG_MUST_RENEW = 2
+DESCRIPTION = "cephcsi"
+"""The description of the journal's and leases' locks (`rados lock info` shows it)."""
 
 # A write op creates a missing object; comparing a key nobody sets fails with ENOENT on a missing
 # object instead, and passes on any existing one (the bindings have no assert_exists).
@@ -81,15 +85,17 @@ def set_unless_key(io: rados.Ioctx, obj: str, guard_key: str, values: dict[str, 
                 raise
 
 
-def try_lock(io: rados.Ioctx, obj: str, name: str, cookie: str, seconds: float) -> bool:
+def try_lock(io: rados.Ioctx, obj: str, name: str, cookie: str, seconds: float,
+             description: str = DESCRIPTION) -> bool:
     """Take the exclusive cls_lock `name` on `obj` for `seconds`; False if someone holds it.
+    `description` is what `rados lock info` (and a refused competitor) shows of the holder.
 
     cls_lock creates a missing object, and keeps a lock's xattr after unlock, so callers lock
     objects whose lifetime matches the lock's subject (removing the object removes the lock).
     The duration is what makes a holder that was SIGKILLed harmless: its lock expires."""
     with ceph_call("lock object", f"object {obj!r}"):
         try:
-            io.lock_exclusive(obj, name, cookie, desc="cephcsi", duration=max(1, int(seconds)))
+            io.lock_exclusive(obj, name, cookie, desc=description, duration=max(1, int(seconds)))
             return True
         except (rados.ObjectBusy, rados.ObjectExists):
             return False
@@ -109,7 +115,7 @@ _LOCK_TYPE_EXCLUSIVE = 1
 def lock_request(name: str, cookie: str, seconds: float) -> bytes:
     """cls_lock_lock_op for an exclusive lock held `seconds` (at least 1), no tag, no flags."""
     return encoding.versioned(encoding.string(name) + struct.pack("<B", _LOCK_TYPE_EXCLUSIVE) + encoding.string(cookie)
-                              + encoding.string("") + encoding.string("cephcsi")
+                              + encoding.string("") + encoding.string(DESCRIPTION)
                               + struct.pack("<IIB", max(1, int(seconds)), 0, 0))
 
 
@@ -128,6 +134,36 @@ def lock_is_held(reply: bytes) -> bool:
     count; cls_lock leaves expired lockers out, so a killed holder's lapsed lease reads free."""
     start = encoding.STRUCT_HEADER
     return len(reply) >= start + 4 and struct.unpack_from("<I", reply, start)[0] > 0
+
+
+_LEGACY_ADDR_BYTES = 4 + 4 + 128
+"""entity_addr_t before MSG_ADDR2: u32 type 0, u32 nonce, sockaddr_storage."""
+
+
+def lock_descriptions(reply: bytes) -> list[str]:
+    """The descriptions of the lock's current holders in a cls_lock_get_info_reply (the map of
+    locker_id_t → locker_info_t {utime expiration, entity_addr_t addr, string description}); []
+    when it holds none or cannot be read. For messages only: a reply this cannot decode says
+    nothing rather than failing the call that asks."""
+    try:
+        outer = encoding.read_versioned(reply, "lock info", 1)
+        encoding.require(reply, outer.start, 4, outer.end, "lock info")
+        (count,) = struct.unpack_from("<I", reply, outer.start)
+        offset, found = outer.start + 4, []
+        for _ in range(count):
+            offset = encoding.read_versioned(reply, "locker id", 1, offset).end
+            info = encoding.read_versioned(reply, "locker info", 1, offset)
+            at = info.start + 8  # expiration
+            encoding.require(reply, at, 1, info.end, "locker address")
+            if reply[at] == 1:  # MSG_ADDR2: a marker byte, then a versioned struct
+                at = encoding.read_versioned(reply, "locker address", 1, at + 1).end
+            else:
+                at += _LEGACY_ADDR_BYTES
+            found.append(encoding.read_string_within(reply, at, info.end, "locker description")[0])
+            offset = info.end
+        return found
+    except (encoding.UnknownEncoding, struct.error):
+        return []
 
 
 def try_lock_and_fill(io: rados.Ioctx, obj: str, name: str, cookie: str, seconds: float, guard_key: str,
@@ -204,7 +240,21 @@ def update_and_unlock(io: rados.Ioctx, obj: str, values: Mapping[str, str | None
 def renew_lock(io: rados.Ioctx, obj: str, name: str, cookie: str, seconds: float) -> None:
     """Extend a lock we hold (same cookie) by `seconds` from now."""
     with ceph_call("renew object lock", f"object {obj!r}"):
-        io.lock_exclusive(obj, name, cookie, desc="cephcsi", duration=max(1, int(seconds)), flags=LOCK_FLAG_RENEW)
+        io.lock_exclusive(obj, name, cookie, desc=DESCRIPTION, duration=max(1, int(seconds)), flags=LOCK_FLAG_RENEW)
+
+
+def renew_held_lock(io: rados.Ioctx, obj: str, name: str, cookie: str, seconds: float, description: str) -> bool:
+    """Extend our lock by `seconds` from now only if we still hold it: False when it lapsed
+    (cls_lock drops an expired locker when it reads the lock, whether or not another holder took
+    it since). Plain RENEW would take a lapsed lock afresh and hide the gap; MUST_RENEW does not,
+    so True means nobody else can have held the lock since we took it."""
+    with ceph_call("renew object lock", f"object {obj!r}"):
+        try:
+            io.lock_exclusive(obj, name, cookie, desc=description, duration=max(1, int(seconds)),
+                              flags=LOCK_FLAG_MUST_RENEW)
+            return True
+        except (rados.ObjectNotFound, rados.ObjectBusy, rados.ObjectExists):
+            return False
 
 
 def unlock(io: rados.Ioctx, obj: str, name: str, cookie: str) -> None:

@@ -12,6 +12,11 @@ Held through librados with a duration (a controller killed while holding it leav
 lapses by itself) and a cookie naming this controller and call; released in `finally`. A lock
 held by someone else is waited for `wait_seconds`, then the call is refused with ABORTED so the
 CO retries after the rotation.
+
+The duration is not renewed in the background, so the exclusion can lapse under a slow body. A
+key copy that depends on the source's current passphrase therefore calls `Held.confirm` after
+reading it: a MUST_RENEW renewal, which fails when the lock lapsed in between (and so a rotation
+may have run) instead of silently taking it again.
 """
 from __future__ import annotations
 
@@ -21,12 +26,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import rados
 
 from cephcsi.ceph import omap
 from cephcsi.ceph.errors import ceph_call, error_number
-from cephcsi.errors import OperationInFlight
+from cephcsi.errors import CephCSIError, OperationInFlight
 
 HOLD_SECONDS = 30
 """The lapse of a lock the controller holds: longer than a cut and a key copy take (seconds), and
@@ -46,21 +52,64 @@ def cookie(what: str) -> str:
     return f"cephcsi-controller {socket.gethostname()} {what} {uuid.uuid4().hex[:12]}"
 
 
+def description(what: str) -> str:
+    """The lock's description, which `rados lock info` and a refused `rotate-key` show: who holds
+    it and for what."""
+    return f"cephcsi controller {what} on {socket.gethostname()}"
+
+
+class LockLapsed(OperationInFlight):
+    """The rotation lock lapsed while the call held it: a rotation may have run in between."""
+
+
+@dataclass(frozen=True)
+class Held:
+    """A rotation lock this call holds."""
+
+    io: rados.Ioctx
+    volume_id: str
+    cookie: str
+    description: str
+    hold_seconds: int
+
+    def confirm(self) -> None:
+        """LockLapsed (ABORTED) unless the lock has been ours without a gap since it was taken;
+        then it is ours for `hold_seconds` more."""
+        if not omap.renew_held_lock(self.io, self.volume_id, lock_name(self.volume_id), self.cookie,
+                                    self.hold_seconds, self.description):
+            raise LockLapsed(f"the rotation lock of volume {self.volume_id} lapsed while this call held it "
+                             f"(longer than {self.hold_seconds} s): a key rotation may have run meanwhile; retry")
+
+
 @contextmanager
 def held(io: rados.Ioctx, volume_id: str, what: str, wait_seconds: float = WAIT_SECONDS,
          hold_seconds: int = HOLD_SECONDS, interval: float = 0.5,
-         sleep: Callable[[float], None] = time.sleep) -> Iterator[None]:
-    """Hold volume `volume_id`'s rotation lock for the body (`what` says why, in its cookie)."""
-    name, mine = lock_name(volume_id), cookie(what)
+         sleep: Callable[[float], None] = time.sleep) -> Iterator[Held]:
+    """Hold volume `volume_id`'s rotation lock for the body (`what` says why, in its cookie and
+    description)."""
+    name, mine, said = lock_name(volume_id), cookie(what), description(what)
     deadline = time.monotonic() + wait_seconds
-    while not omap.try_lock(io, volume_id, name, mine, hold_seconds):
+    while not omap.try_lock(io, volume_id, name, mine, hold_seconds, said):
         if time.monotonic() + interval > deadline:
-            raise OperationInFlight(f"key rotation of volume {volume_id} in progress; retry")
+            raise OperationInFlight(f"volume {volume_id}'s rotation lock is held by {holder(io, volume_id)}; retry")
         sleep(interval)
     try:
-        yield
+        yield Held(io, volume_id, mine, said, hold_seconds)
     finally:
         _release(io, volume_id, name, mine)
+
+
+def holder(io: rados.Ioctx, volume_id: str) -> str:
+    """Who holds the lock, as its holder described itself (for a refusal's message)."""
+    try:
+        with ceph_call("read object lock", f"object {volume_id!r}"):
+            raw = io.execute(volume_id, "lock", "get_info", omap.lock_info_request(lock_name(volume_id)))
+    except CephCSIError:
+        return "another holder (its description could not be read)"
+    described = omap.lock_descriptions(raw[1] if isinstance(raw, tuple) else raw)
+    if not described:
+        return "another holder (it released the lock meanwhile)"
+    return ", ".join(repr(text) if text else "a holder that gave no description" for text in described)
 
 
 def _release(io: rados.Ioctx, volume_id: str, name: str, mine: str) -> None:
@@ -71,3 +120,4 @@ def _release(io: rados.Ioctx, volume_id: str, name: str, mine: str) -> None:
             # Lapsed already (the body outlived the duration) and perhaps taken by another: not ours.
             if error_number(error) != errno.ENOENT:
                 raise
+

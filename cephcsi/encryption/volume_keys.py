@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import logging
 import secrets as random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import rados
@@ -154,13 +154,23 @@ class VolumeKeys:
             kms.close()
 
     def copy_key(self, source: ImageRef, source_spec: EncryptionSpec, target: ImageRef,
-                 target_spec: EncryptionSpec, secrets: Mapping[str, str], tenant: str = "") -> None:
-        """A clone, restore or snapshot image gets its source's passphrase (it holds a copy of the
-        source's LUKS header), kept under its own id through the target's KMS, and the
-        source's state (ceph-csi's copyEncryptionConfig). Idempotent: the same passphrase is
-        written again on a retry. The wrapped copy librbd carried over from the source's
-        metadata is replaced (it is wrapped for the source's id, not the target's)."""
-        passphrase = self.passphrase(source, source_spec, secrets, tenant)
+                 target_spec: EncryptionSpec, secrets: Mapping[str, str], tenant: str = "",
+                 confirm: Callable[[], None] | None = None) -> None:
+        """A clone, restore or snapshot image gets the passphrase its copy of the source's LUKS
+        header opens with, kept under its own id through the target's KMS, and the source's state
+        (ceph-csi's copyEncryptionConfig). Idempotent: a passphrase already kept for the target is
+        kept, never replaced by what the source has now.
+
+        Which passphrase: the one the source had at the cut, not its current one (a key rotation
+        since the cut changed that, and the copy's header does not open with the new one).
+        - A source KMS that keeps the wrapped passphrase in the image (`dek_in_image`): the wrapped
+          copy librbd's clone carried into the target's metadata with the header, so the cut's by
+          construction, unwrapped under the source's id (FailedPrecondition when it was wrapped
+          for another id: the caller tries the next) and wrapped again for the target's. A source
+          keeping it under ceph-csi's older `.`-key (which librbd does not copy) is read as below.
+        - A KMS that keeps it itself: its current passphrase for the source, which is the cut's
+          only while the source's rotation lock has been held since the cut; `confirm` (given by
+          a caller holding that lock) checks so after the read and raises when it lapsed."""
         inherited = image_metadata.read(target.io, target.image_name)
         # The state librbd copied with the rest of the metadata is the source's when the clone
         # was cut: the source may have been formatted since ("encrypted"), while the clone's data
@@ -169,16 +179,73 @@ class VolumeKeys:
                         or PREPARED)
         kms = self.kms(target_spec, secrets, tenant)
         try:
-            if kms.dek_in_image:
-                current = wrapped_dek_of(inherited)
-                if not current or _unwraps_to(kms, target.volume_id, current) != passphrase:
+            if _kept_for(kms, target.volume_id, inherited) is None:
+                passphrase = self._cut_passphrase(source, source_spec, target, inherited, secrets, tenant, confirm)
+                if kms.dek_in_image:
                     image_metadata.ensure(target.io, target.image_name,
                                           {DEK_KEY: kms.wrap(target.volume_id, passphrase)})
-            elif kms.fetch(target.volume_id) != passphrase:
-                kms.store(target.volume_id, passphrase)
+                else:
+                    kms.store(target.volume_id, passphrase)
         finally:
             kms.close()
         image_metadata.ensure(target.io, target.image_name, {STATE_KEY: source_state})
+
+    def _cut_passphrase(self, source: ImageRef, source_spec: EncryptionSpec, target: ImageRef,
+                        inherited: Mapping[str, str], secrets: Mapping[str, str], tenant: str,
+                        confirm: Callable[[], None] | None) -> str:
+        kms = self.kms(source_spec, secrets, tenant)
+        try:
+            if kms.dek_in_image:
+                wrapped = wrapped_dek_of(inherited)
+                if wrapped:
+                    return kms.unwrap(source.volume_id, wrapped)
+                # librbd's clone does not copy metadata keys that start with "." (ceph-csi's
+                # older .rbd.csi.ceph.com/dek): the source's current one, as for the KMS below.
+                found = kms.unwrap(source.volume_id, self._wrapped_of(source))
+            else:
+                found = self._fetched(kms, source.volume_id)
+            if confirm is not None:
+                confirm()
+            return found
+        finally:
+            kms.close()
+
+    @staticmethod
+    def _wrapped_of(image: ImageRef) -> str:
+        wrapped = wrapped_dek_of(image_metadata.read(image.io, image.image_name))
+        if not wrapped:
+            raise FailedPrecondition(
+                f"encrypted image {image.image_name!r} has no passphrase in its metadata ({DEK_KEY}); "
+                "its CreateVolume did not finish: run `cephcsi audit`")
+        return wrapped
+
+    @staticmethod
+    def _fetched(kms: Kms, volume_id: str) -> str:
+        found = kms.fetch(volume_id)
+        if found is None:
+            raise FailedPrecondition(
+                f"{kms.describe()} keeps no passphrase for volume {volume_id}; "
+                "its CreateVolume did not finish, or the key was removed from the KMS")
+        return found
+
+    def copy_reads_source_now(self, spec: EncryptionSpec, target: ImageRef, secrets: Mapping[str, str],
+                              tenant: str = "") -> bool:
+        """Whether copy_key would give `target` (a copy of a volume of `spec`) the source's
+        current passphrase rather than the wrapped one carried in its own metadata: for a KMS
+        that keeps passphrases itself, or a copy that carries none (see _cut_passphrase)."""
+        kms = self.kms(spec, secrets, tenant)
+        try:
+            return not kms.dek_in_image or not wrapped_dek_of(image_metadata.read(target.io, target.image_name))
+        finally:
+            kms.close()
+
+    def keeps_key(self, image: ImageRef, spec: EncryptionSpec, secrets: Mapping[str, str], tenant: str = "") -> bool:
+        """Whether a passphrase is kept for `image` under its own id (a copy_key finished)."""
+        kms = self.kms(spec, secrets, tenant)
+        try:
+            return _kept_for(kms, image.volume_id, image_metadata.read(image.io, image.image_name)) is not None
+        finally:
+            kms.close()
 
     def remove_key(self, volume_id: str, spec: EncryptionSpec, secrets: Mapping[str, str],
                    tenant: str = "") -> None:
@@ -230,7 +297,15 @@ class VolumeKeys:
         image_metadata.ensure(io, image_name, {STATE_KEY: ENCRYPTED})
 
 
-def _unwraps_to(kms: Kms, volume_id: str, wrapped: str) -> str | None:
+def _kept_for(kms: Kms, volume_id: str, metadata: Mapping[str, str]) -> str | None:
+    """The passphrase `kms` keeps for `volume_id` (wrapped in `metadata`, the image's, for the
+    types that keep it there), or None. A wrapped copy inherited from a source, wrapped for the
+    source's id, does not unwrap under this id: None."""
+    if not kms.dek_in_image:
+        return kms.fetch(volume_id)
+    wrapped = wrapped_dek_of(metadata)
+    if not wrapped:
+        return None
     try:
         return kms.unwrap(volume_id, wrapped)
     except (InvalidArgument, FailedPrecondition):

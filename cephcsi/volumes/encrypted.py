@@ -68,6 +68,8 @@ class Encryption:
         self.instance_id = instance_id
         self.lock_seconds = lock_seconds
         self.keeper = keeper
+        self._held: dict[str, rotation_lock.Held] = {}
+        """Clones' rotation locks (source_held) by the new volume's id, for `settle`."""
 
     def check(self, spec: EncryptionSpec | None, secrets: Mapping[str, str], tenant: str) -> None:
         """Before anything is reserved: the KMS id is configured, its type supported, and it
@@ -140,8 +142,13 @@ class Encryption:
             return
         entry_id = sources.decode(source.source_id, "source volume")
         with sources.opened(session, entry_id, "source volume") as (_, source_io), \
-                rotation_lock.held(source_io, source.source_id, f"clone {volume_id}"):
-            yield
+                rotation_lock.held(source_io, source.source_id, f"clone {volume_id} of {source.source_id}") as held:
+            # For `settle`'s key copy, inside this block: it confirms the lock never lapsed.
+            self._held[volume_id] = held
+            try:
+                yield
+            finally:
+                self._held.pop(volume_id, None)
 
     def settle(self, session: Session, io: Ioctx, image_name: str, volume_id: str, spec: EncryptionSpec,
                source: ContentSource | None, secrets: Mapping[str, str], tenant: str) -> None:
@@ -155,13 +162,16 @@ class Encryption:
             raise FailedPrecondition(f"source {source.kind} {source.source_id!r} of encrypted volume {volume_id} "
                                      "is gone, and its passphrase with it")
         source_spec = found.spec or spec
+        # The clone's rotation lock (source_held), when its source is a volume: a copy of a
+        # passphrase its KMS keeps is made only while that lock never lapsed since the cut.
+        held = self._held.get(volume_id)
         entry_id = sources.decode(source.source_id, f"source {source.kind}")
         with sources.opened(session, entry_id, f"source {source.kind}") as (_, source_io):
             last: FailedPrecondition | None = None
             for key_id in found.key_ids:
                 try:
                     self.keys.copy_key(ImageRef(source_io, found.image_name, key_id), source_spec, target, spec,
-                                       secrets, tenant)
+                                       secrets, tenant, confirm=held.confirm if held is not None else None)
                     log.info("encrypted volume keeps its source's passphrase",
                              extra=fields(image=image_name, source=source.source_id))
                     return
@@ -175,4 +185,3 @@ class Encryption:
         spec = spec_of(record)
         if spec is not None:
             self.keys.remove_key(volume_id, spec, secrets, record.get(OWNER_KEY))
-

@@ -163,13 +163,22 @@ class SnapshotManager:
         shape = self._restore_point(io, name)
         if shape is None:
             self._check_key(io, snapshots, record, secrets)
-            with self._rotations_held(io, record):
+            with self._rotations_held(io, record) as rotations:
                 try:
-                    self._cut(session, io, pool, volumes, snapshots, record)
+                    fresh = self._cut(session, io, pool, volumes, snapshots, record)
+                    if not fresh and self._untrusted_cut(io, record, secrets):
+                        # An earlier attempt's cut, made under a lock that lapsed when that
+                        # controller died: a rotation may have changed the source's passphrase
+                        # since, and its KMS keeps only the current one. The snapshot image holds
+                        # no data of its own yet (no snapshot id was ever answered): cut again.
+                        log.info("snapshot cut again: its earlier cut's passphrase cannot be known",
+                                 extra=fields(image=record.image_name, source=record.get(SOURCE_VOLUME_ID)))
+                        layering.remove_debris(io, record.image_name)
+                        self._cut(session, io, pool, volumes, snapshots, record, recut=True)
                 except NotFound:
                     self._forget(session, io, snapshots, record)
                     raise
-                self._rekey(io, record, secrets)
+                self._rekey(io, record, secrets, rotations)
             with ceph_call("snapshot the snapshot image", f"image {name!r}"), image_access.open_image(io, name) as image:
                 # The restore point: restores clone from it; ceph-csi names it like the image.
                 layering.ensure_snap(image, name)
@@ -195,14 +204,35 @@ class SnapshotManager:
             raise
 
     @staticmethod
-    def _rotations_held(io: Ioctx, record: Record) -> AbstractContextManager[None]:
+    def _rotations_held(io: Ioctx, record: Record) -> AbstractContextManager[rotation_lock.Held | None]:
         """An encrypted source's rotation lock from the cut to the key copy: a `rotate-key`
         between the two would give the snapshot a header its passphrase does not open."""
         if encrypted.spec_of(record) is None:
             return nullcontext()
-        return rotation_lock.held(io, record.get(SOURCE_VOLUME_ID), f"snapshot {record.uuid}")
+        return rotation_lock.held(io, record.get(SOURCE_VOLUME_ID), f"snapshot {record.uuid} of "
+                                  f"{record.get(SOURCE_VOLUME_ID)}")
 
-    def _rekey(self, io: Ioctx, record: Record, secrets: Mapping[str, str]) -> None:
+    def _untrusted_cut(self, io: Ioctx, record: Record, secrets: Mapping[str, str]) -> bool:
+        """An encrypted snapshot image an earlier attempt cut, without its passphrase yet, whose
+        source's KMS keeps passphrases itself: its key copy would read the source's current
+        passphrase, which a rotation after that attempt's lock lapsed may have replaced. (A KMS
+        keeping the wrapped passphrase in the image needs no re-cut: the clone carries the cut's,
+        unless the source keeps it under ceph-csi's older key, which librbd does not copy.)"""
+        spec = encrypted.spec_of(record)
+        if spec is None:
+            return False
+        keys, tenant = self.volumes.encryption.keys, record.get(encrypted.OWNER_KEY)
+        target = ImageRef(io, record.image_name, self._snapshot_id(io, record))
+        return not keys.keeps_key(target, spec, secrets, tenant) and \
+            keys.copy_reads_source_now(spec, target, secrets, tenant)
+
+    @staticmethod
+    def _snapshot_id(io: Ioctx, record: Record) -> str:
+        return VolumeId(sources.decode(record.get(SOURCE_VOLUME_ID), "source volume").cluster_id, io.get_pool_id(),
+                        record.uuid).encode()
+
+    def _rekey(self, io: Ioctx, record: Record, secrets: Mapping[str, str],
+               rotations: rotation_lock.Held | None = None) -> None:
         """An encrypted source's snapshot image carries the source's wrapped passphrase (librbd's
         clone copies metadata); ceph-csi keeps it for the snapshot's own id (copyEncryptionConfig),
         and restores, its own or ours, read it there. Before the restore point: a snapshot whose
@@ -211,11 +241,10 @@ class SnapshotManager:
         if spec is None:
             return
         source_id = record.get(SOURCE_VOLUME_ID)
-        snapshot_id = VolumeId(sources.decode(source_id, "source volume").cluster_id, io.get_pool_id(),
-                               record.uuid).encode()
         self.volumes.encryption.keys.copy_key(ImageRef(io, record.get(SOURCE), source_id), spec,
-                                              ImageRef(io, record.image_name, snapshot_id), spec, secrets,
-                                              record.get(encrypted.OWNER_KEY))
+                                              ImageRef(io, record.image_name, self._snapshot_id(io, record)), spec,
+                                              secrets, record.get(encrypted.OWNER_KEY),
+                                              confirm=rotations.confirm if rotations is not None else None)
         failpoints.reach("snapshot.after-key")
 
     @staticmethod
@@ -245,23 +274,29 @@ class SnapshotManager:
             return image_access.if_exists(io, shape, name, read_only=True)
 
     def _cut(self, session: Session, io: Ioctx, pool: str, volumes: Journal, snapshots: Journal,
-             record: Record) -> None:
-        """Clone the source at a new temporary snapshot, under the source's lease."""
+             record: Record, recut: bool = False) -> bool:
+        """Clone the source at a new temporary snapshot, under the source's lease. False when an
+        earlier attempt's clone was found complete (nothing cut now). `recut`: the earlier cut
+        was dropped, and its creation time goes with it."""
         source_uuid = sources.decode(record.get(SOURCE_VOLUME_ID), "source volume").object_uuid
         if layering.clone_complete(io, record.image_name, None, io):
             # Killed after the clone: finish without needing the source (it may be gone now).
             self._drop_temporary(volumes, record)
-            return
+            return False
         temp = f"{layering.TEMP_SNAP_PREFIX}{record.uuid}"
+        encrypted_source = encrypted.spec_of(record) is not None
         with sources.hold_source(volumes, source_uuid) as source_record, \
                 ceph_call("snapshot source volume", f"image {source_record.image_name!r}"), \
                 image_access.open_image(io, source_record.image_name) as source:
-            sources.sweep_temporaries(source, source_record.image_name, keep=temp)
+            # An encrypted source's temporary snapshot left by an earlier attempt predates this
+            # call's rotation lock: a rotation since would give the clone the old header with the
+            # new wrapped passphrase (librbd copies the metadata as it is at the clone). Swept too.
+            sources.sweep_temporaries(source, source_record.image_name, keep="" if encrypted_source else temp)
             flatten.limit_snapshots(session, source, flatten.Placement(pool, io.get_namespace(),
                                                                        source_record.image_name), self.policy)
             cut = layering.ensure_snap(source, temp)
             failpoints.reach("snapshot.after-source-snap")
-            if not record.get(CREATED):
+            if recut or encrypted_source or not record.get(CREATED):
                 snapshots.update(record.uuid, {CREATED: f"{layering.snap_timestamp(source, cut.snap_id):.6f}"})
             # deep-flatten: a background flatten must also free the restore point from the source.
             features = source.features() | images.FEATURE_BITS["layering"] | images.FEATURE_BITS["deep-flatten"]
@@ -269,6 +304,7 @@ class SnapshotManager:
                            _data_pool(session, source, io), parent_id=str(source.id()))
             failpoints.reach("snapshot.after-clone")
             layering.remove_snap(source, temp)
+        return True
 
     @staticmethod
     def _drop_temporary(volumes: Journal, record: Record) -> None:
