@@ -32,7 +32,7 @@ import rados
 
 from cephcsi.ceph import omap
 from cephcsi.ceph.errors import ceph_call, error_number
-from cephcsi.errors import CephCSIError, OperationInFlight
+from cephcsi.errors import CephCSIError, NotFound, OperationInFlight
 
 HOLD_SECONDS = 30
 """The lapse of a lock the controller holds: longer than a cut and a key copy take (seconds), and
@@ -121,3 +121,17 @@ def _release(io: rados.Ioctx, volume_id: str, name: str, mine: str) -> None:
             if error_number(error) != errno.ENOENT:
                 raise
 
+
+def remove_object(io: rados.Ioctx, volume_id: str) -> None:
+    """After a deleted volume's image is gone: remove the empty object its rotation lock lives on
+    (cls_lock keeps it after the last unlock, so each encrypted volume would leave one for ever).
+    Taken first, so the removal cannot pull the object from under a holder (a rotation of the
+    volume being deleted keeps it and its lock; the audit or nothing cleans it later). A missing
+    object is not created by the attempt."""
+    try:
+        locked, _ = omap.try_lock_then_read(io, volume_id, lock_name(volume_id), cookie("delete"), HOLD_SECONDS,
+                                            existing=True)
+    except NotFound:
+        return
+    if locked:
+        omap.remove_object(io, volume_id)

@@ -180,8 +180,12 @@ class Encryption:
             assert last is not None
             raise last
 
-    def remove(self, record: Record, volume_id: str, secrets: Mapping[str, str]) -> None:
-        """After the image is gone: the KMS forgets the volume's passphrase."""
+    def remove(self, record: Record, volume_id: str, secrets: Mapping[str, str], io: Ioctx | None = None) -> None:
+        """After the image is gone: the KMS forgets the volume's passphrase; given the volume's
+        pool (`io`), the empty object of its rotation lock goes too (unless someone holds it)."""
         spec = spec_of(record)
         if spec is not None:
             self.keys.remove_key(volume_id, spec, secrets, record.get(OWNER_KEY))
+            if io is not None:
+                rotation_lock.remove_object(io, volume_id)
+

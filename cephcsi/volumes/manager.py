@@ -293,7 +293,7 @@ class VolumeManager:
                 # locking leaves an empty record object, which this removes.
                 with journal.locked(volume_id.object_uuid, read=True) as hold:
                     self._delete_locked(session, io, pool, journal, hold, volume_id.object_uuid,
-                                        lambda record: self.encryption.remove(record, volume_id_text, secrets))
+                                        lambda record: self.encryption.remove(record, volume_id_text, secrets, io))
                 log.info("volume deleted", extra=fields(volume_id=volume_id_text))
 
     def _delete_locked(self, session: Session, io: Ioctx, pool: str, journal: Journal, hold: Hold,

@@ -56,6 +56,10 @@ def lockers(cluster: CephTestCluster, volume_id: str) -> list[dict[str, object]]
     return list(json.loads(out).get("lockers", []))
 
 
+def objects(cluster: CephTestCluster) -> list[str]:
+    return cluster.admin("rados", "--pool", cluster.pool, "ls").split()
+
+
 def snap_request(cluster: CephTestCluster, volume_id: str, name: str) -> csi_pb2.CreateSnapshotRequest:
     request = snapshot_request(cluster, volume_id, name=name)
     request.secrets["encryptionPassphrase"] = KEK
@@ -100,6 +104,8 @@ def test_a_snapshot_waits_for_a_rotation_then_gives_up_with_aborted(driver: Driv
         secrets_kms.unwrap(KEK, volume.volume_id, source_dek, "t")
     assert lockers(ceph_cluster, volume.volume_id) == []
     delete_all(driver, ceph_cluster, [snapshot.snapshot_id], [volume.volume_id])
+    # DeleteVolume took the lock's empty object with the volume.
+    assert volume.volume_id not in objects(ceph_cluster)
 
 
 def test_a_controller_killed_holding_the_lock_leaves_one_that_lapses(ceph_cluster: CephTestCluster,
@@ -355,3 +361,13 @@ def vault_kept(server: VaultServer, volume_id: str) -> str | None:
     assert status == 200, body
     return str(body["data"]["data"]["data"]["passphrase"])
 
+
+def test_delete_leaves_a_held_rotation_lock_object(driver: DriverProcess, ceph_cluster: CephTestCluster) -> None:
+    """A rotation holding the lock of a volume being deleted keeps the object (and its lock): the
+    delete never pulls it from under a holder."""
+    volume = driver.controller.CreateVolume(encrypted_request(ceph_cluster, "pvc-rotlock-held-delete")).volume
+    rotate_lock(ceph_cluster, volume.volume_id, 60)
+    delete_all(driver, ceph_cluster, [], [volume.volume_id])
+    assert volume.volume_id in objects(ceph_cluster)
+    assert [str(locker["cookie"]) for locker in lockers(ceph_cluster, volume.volume_id)] == ["rotate-key test-node"]
+    ceph_cluster.admin("rados", "--pool", ceph_cluster.pool, "rm", volume.volume_id)
