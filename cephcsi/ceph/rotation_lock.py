@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import rados
 
 from cephcsi.ceph import omap
+from cephcsi.ceph.lock_names import rotation_lock_name
 from cephcsi.ceph.errors import ceph_call, error_number
 from cephcsi.errors import CephCSIError, NotFound, OperationInFlight
 
@@ -43,8 +44,9 @@ WAIT_SECONDS = 10.0
 
 
 def lock_name(volume_id: str) -> str:
-    """ceph-csi's (internal/rbd/encryption.go RotateEncryptionKey), as cephcsi.node.volume_lock's."""
-    return f"{volume_id}-mutexlock"
+    """ceph-csi's `<volume id>-mutexlock`, or its digest form for ids too long for an OSD
+    (cephcsi.ceph.lock_names)."""
+    return rotation_lock_name(volume_id)
 
 
 def cookie(what: str) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cephcsi.ceph.credentials import Credentials, key_file
+from cephcsi.ceph.lock_names import rotation_lock_name
 from cephcsi.errors import CephCSIError, Internal
 from cephcsi.node.exec import CommandFailed, Result, Runner
 from cephcsi.node.mappers.rbd_cli import translate
@@ -39,8 +40,9 @@ ceph.conf: (2) No such file or directory" when there is none, and a missing pool
 
 
 def lock_name(volume_id: str) -> str:
-    """ceph-csi's (internal/rbd/encryption.go RotateEncryptionKey)."""
-    return f"{volume_id}-mutexlock"
+    """ceph-csi's `<volume id>-mutexlock`, or its digest form for ids too long for an OSD
+    (cephcsi.ceph.lock_names)."""
+    return rotation_lock_name(volume_id)
 
 
 @dataclass(frozen=True)
