@@ -160,8 +160,13 @@ class EventCorrelator:
         """Identical events share this key."""
         return (ref.kind, ref.namespace, ref.name, ref.uid, ref.api_version, event_type, reason, message)
 
-    def decide(self, ref: ObjectReference, event_type: str, reason: str, message: str) -> Decision:
-        """Create, patch (count+1) or drop."""
+    def decide(self, ref: ObjectReference, event_type: str, reason: str, message: str,
+               at: datetime) -> Decision:
+        """Create, patch (count+1) or drop; at is when the event happened.
+
+        The first timestamp is the event's own time, not this (later) decision's: a repeat recorded before the
+        worker reached the first one must not get a lastTimestamp earlier than the firstTimestamp.
+        """
         key = self.key(ref, event_type, reason, message)
         if not self._bucket(ref).try_take():
             return Decision("drop", key)
@@ -173,12 +178,11 @@ class EventCorrelator:
             self._seen.move_to_end(key)
             return Decision("patch", key, seen.name, seen.count, seen.first_timestamp)
         name = f"{ref.name[:200]}.{uuid.uuid4().hex[:16]}"
-        first = self._clock.wall()
-        self._seen[key] = _Seen(name, 1, first, now)
+        self._seen[key] = _Seen(name, 1, at, now)
         self._seen.move_to_end(key)
         while len(self._seen) > self.cache_size:
             self._seen.popitem(last=False)
-        return Decision("create", key, name, 1, first)
+        return Decision("create", key, name, 1, at)
 
     def forget(self, key: EventKey) -> None:
         """The Event behind key is gone or was never written; the next repeat creates one."""
@@ -294,7 +298,8 @@ class EventRecorder:
             self._pending_cond.notify_all()
 
     def _write(self, request: _Request) -> None:
-        decision = self._correlator.decide(request.ref, request.event_type, request.reason, request.message)
+        decision = self._correlator.decide(request.ref, request.event_type, request.reason, request.message,
+                                           request.at)
         if decision.action == "drop":
             EVENTS_DROPPED.labels("spam_filter").inc()
             log.debug("event dropped by the per-object spam filter", extra={"fields": {"reason": request.reason}})

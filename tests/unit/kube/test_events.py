@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,31 +15,41 @@ from cephcsi.kube.events import NORMAL, WARNING, EventCorrelator, EventRecorder,
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 
 PVC = ObjectReference("PersistentVolumeClaim", "data", "ns", "uid-1", "v1")
+AT = datetime(2026, 11, 27, 22, 26, 19, tzinfo=timezone.utc)
 
 
 def test_identical_events_within_the_window_are_aggregated() -> None:
     clock = FakeClock()
     corr = EventCorrelator(window=600, clock=clock)
-    first = corr.decide(PVC, WARNING, "ProvisioningFailed", "no space")
+    first = corr.decide(PVC, WARNING, "ProvisioningFailed", "no space", AT)
     assert first.action == "create" and first.count == 1
     assert first.name.startswith("data.")
     clock.advance(30)
-    second = corr.decide(PVC, WARNING, "ProvisioningFailed", "no space")
-    third = corr.decide(PVC, WARNING, "ProvisioningFailed", "no space")
+    second = corr.decide(PVC, WARNING, "ProvisioningFailed", "no space", AT)
+    third = corr.decide(PVC, WARNING, "ProvisioningFailed", "no space", AT)
     assert (second.action, second.name, second.count) == ("patch", first.name, 2)
     assert (third.action, third.count) == ("patch", 3)
     assert third.first_timestamp == first.first_timestamp
 
 
+def test_the_first_timestamp_is_when_the_event_happened_not_when_it_was_decided() -> None:
+    clock = FakeClock()
+    corr = EventCorrelator(clock=clock)
+    clock.advance(5)  # the writer thread reaches the event later than it was recorded
+    first = corr.decide(PVC, WARNING, "ProvisioningFailed", "no space", AT)
+    repeat = corr.decide(PVC, WARNING, "ProvisioningFailed", "no space", AT + timedelta(milliseconds=1))
+    assert first.first_timestamp == AT and repeat.first_timestamp == AT
+
+
 def test_different_message_reason_type_or_object_creates_a_new_event() -> None:
     corr = EventCorrelator(clock=FakeClock())
-    base = corr.decide(PVC, WARNING, "ProvisioningFailed", "a")
+    base = corr.decide(PVC, WARNING, "ProvisioningFailed", "a", AT)
     others = [
-        corr.decide(PVC, WARNING, "ProvisioningFailed", "b"),
-        corr.decide(PVC, WARNING, "Provisioning", "a"),
-        corr.decide(PVC, NORMAL, "ProvisioningFailed", "a"),
+        corr.decide(PVC, WARNING, "ProvisioningFailed", "b", AT),
+        corr.decide(PVC, WARNING, "Provisioning", "a", AT),
+        corr.decide(PVC, NORMAL, "ProvisioningFailed", "a", AT),
         corr.decide(ObjectReference("PersistentVolumeClaim", "data", "ns", "uid-2", "v1"),
-                    WARNING, "ProvisioningFailed", "a"),
+                    WARNING, "ProvisioningFailed", "a", AT),
     ]
     assert all(d.action == "create" for d in others)
     assert len({d.name for d in others} | {base.name}) == 5
@@ -47,39 +58,39 @@ def test_different_message_reason_type_or_object_creates_a_new_event() -> None:
 def test_repeat_after_the_window_creates_a_new_event() -> None:
     clock = FakeClock()
     corr = EventCorrelator(window=60, clock=clock)
-    first = corr.decide(PVC, NORMAL, "Provisioning", "x")
+    first = corr.decide(PVC, NORMAL, "Provisioning", "x", AT)
     clock.advance(61)
-    again = corr.decide(PVC, NORMAL, "Provisioning", "x")
+    again = corr.decide(PVC, NORMAL, "Provisioning", "x", AT)
     assert again.action == "create" and again.name != first.name and again.count == 1
 
 
 def test_forget_makes_the_next_repeat_create() -> None:
     corr = EventCorrelator(clock=FakeClock())
-    first = corr.decide(PVC, NORMAL, "Provisioning", "x")
+    first = corr.decide(PVC, NORMAL, "Provisioning", "x", AT)
     corr.forget(first.key)
-    assert corr.decide(PVC, NORMAL, "Provisioning", "x").action == "create"
+    assert corr.decide(PVC, NORMAL, "Provisioning", "x", AT).action == "create"
 
 
 def test_spam_filter_limits_events_per_object() -> None:
     clock = FakeClock()
     corr = EventCorrelator(spam_burst=25, spam_interval=300, clock=clock)
-    decisions = [corr.decide(PVC, WARNING, "Failed", f"attempt {i}").action for i in range(30)]
+    decisions = [corr.decide(PVC, WARNING, "Failed", f"attempt {i}", AT).action for i in range(30)]
     assert decisions.count("drop") == 5
     # Another object has its own budget.
     other = ObjectReference("PersistentVolumeClaim", "other", "ns", "uid-9", "v1")
-    assert corr.decide(other, WARNING, "Failed", "x").action == "create"
+    assert corr.decide(other, WARNING, "Failed", "x", AT).action == "create"
     clock.advance(300)
-    assert corr.decide(PVC, WARNING, "Failed", "later").action == "create"
-    assert corr.decide(PVC, WARNING, "Failed", "later2").action == "drop"
+    assert corr.decide(PVC, WARNING, "Failed", "later", AT).action == "create"
+    assert corr.decide(PVC, WARNING, "Failed", "later2", AT).action == "drop"
 
 
 def test_cache_is_bounded() -> None:
     corr = EventCorrelator(cache_size=3, spam_burst=1000, clock=FakeClock())
-    first = corr.decide(PVC, NORMAL, "R", "m0")
+    first = corr.decide(PVC, NORMAL, "R", "m0", AT)
     for i in range(1, 5):
-        corr.decide(PVC, NORMAL, "R", f"m{i}")
+        corr.decide(PVC, NORMAL, "R", f"m{i}", AT)
     # m0 was evicted: its repeat is a new Event.
-    assert corr.decide(PVC, NORMAL, "R", "m0").name != first.name
+    assert corr.decide(PVC, NORMAL, "R", "m0", AT).name != first.name
 
 
 def test_object_reference_from_dict_and_typed_model() -> None:
