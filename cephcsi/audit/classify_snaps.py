@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cephcsi.audit.classify import image_id_of, image_is_live, journal_findings
+from cephcsi.audit.journal_rules import image_id_of, image_is_live, journal_findings
 from cephcsi.audit.model import RECORD_PREFIXES, ContentView, Finding, Fix, ImageSnaps, JournalType, Kind, RecordView, Snapshot
 from cephcsi.ceph.layering import TEMP_SNAP_PREFIX
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from cephcsi.audit.classify import image_is_live
+from cephcsi.audit.journal_rules import image_is_live
 from cephcsi.audit.model import Finding, ImageEntry, ImageOwner, Snapshot
 
 

@@ -40,15 +40,6 @@ class Decision:
     reason: str
 
 
-def storage_class_name(claim: Mapping[str, Any]) -> str:
-    """The claim's class: the legacy beta annotation wins over spec.storageClassName, as in
-    Kubernetes' own GetPersistentVolumeClaimClass."""
-    legacy = objects.annotations_of(claim).get(names.ANN_BETA_STORAGE_CLASS)
-    if legacy is not None:
-        return legacy
-    return str(objects.spec(claim).get("storageClassName") or "")
-
-
 def requested_provisioner(claim: Mapping[str, Any]) -> str:
     annotations = objects.annotations_of(claim)
     return annotations.get(names.ANN_STORAGE_PROVISIONER) or annotations.get(names.ANN_BETA_STORAGE_PROVISIONER) or ""
@@ -95,7 +86,7 @@ def decide(claim: Mapping[str, Any], storage_class: Mapping[str, Any] | None, pv
     if not (ours or protected):
         return Decision(Action.SKIP, "claim is not for this driver")
     if storage_class is None:
-        return Decision(Action.FAIL, f'storageclass.storage.k8s.io "{storage_class_name(claim)}" not found')
+        return Decision(Action.FAIL, f'storageclass.storage.k8s.io "{names.storage_class_name(claim)}" not found')
     if storage_class.get("provisioner") != driver_name:
         # The class changed provisioner after the claim was annotated. A protected claim keeps
         # its finalizer, so deleting it still cleans up whatever was created.

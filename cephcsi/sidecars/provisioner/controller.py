@@ -110,7 +110,7 @@ class ProvisionerLoop:
                 return
             class_name = objects.name(storage_class)
             for claim in self.ctx.claims.list():
-                if claims.storage_class_name(claim) == class_name and claims.is_candidate(claim, driver) \
+                if names.storage_class_name(claim) == class_name and claims.is_candidate(claim, driver) \
                         and not objects.spec(claim).get("volumeName"):
                     claim_queue.add(objects.key(claim))
 

@@ -2,6 +2,11 @@
 external-provisioner (so PVs written by either are handled by the other)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from cephcsi.sidecars import objects
+
 # PVC annotations written by the PV controller (binder) and the scheduler.
 ANN_STORAGE_PROVISIONER = "volume.kubernetes.io/storage-provisioner"
 ANN_BETA_STORAGE_PROVISIONER = "volume.beta.kubernetes.io/storage-provisioner"
@@ -40,3 +45,12 @@ def provisioning_finalizer(driver_name: str) -> str:
 def volume_name(claim_uid: str) -> str:
     """The CreateVolume name and PV name for a claim (external-provisioner's `pvc-<uid>`)."""
     return f"pvc-{claim_uid}"
+
+
+def storage_class_name(claim: Mapping[str, Any]) -> str:
+    """The claim's class: the legacy beta annotation wins over spec.storageClassName, as in
+    Kubernetes' own GetPersistentVolumeClaimClass."""
+    legacy = objects.annotations_of(claim).get(ANN_BETA_STORAGE_CLASS)
+    if legacy is not None:
+        return legacy
+    return str(objects.spec(claim).get("storageClassName") or "")

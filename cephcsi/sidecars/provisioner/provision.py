@@ -51,8 +51,9 @@ from cephcsi.sidecars import metrics, objects
 from cephcsi.sidecars.calls import Stopping
 from cephcsi.sidecars.objects import KubeObject
 from cephcsi.sidecars.provisioner import datasource, names, secrets, topology
-from cephcsi.sidecars.provisioner.claims import Action, decide, selected_node, storage_class_name, waits_for_consumer
+from cephcsi.sidecars.provisioner.claims import Action, decide, selected_node, waits_for_consumer
 from cephcsi.sidecars.provisioner.context import ProvisionerContext
+from cephcsi.sidecars.provisioner.names import storage_class_name
 from cephcsi.sidecars.provisioner.outcome import Outcome, classify, describe
 from cephcsi.sidecars.provisioner.pvspec import ClassSecrets, build
 from cephcsi.sidecars.provisioner.request import plan, strip_reserved

@@ -24,7 +24,7 @@ from typing import Any
 from cephcsi._generated import csi_pb2
 from cephcsi.sidecars import objects
 from cephcsi.sidecars.provisioner import names, secrets
-from cephcsi.sidecars.provisioner.claims import storage_class_name
+from cephcsi.sidecars.provisioner.names import storage_class_name
 from cephcsi.sidecars.provisioner.request import PlannedVolume, format_bytes
 from cephcsi.sidecars.provisioner.topology import node_affinity
 

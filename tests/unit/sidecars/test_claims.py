@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from cephcsi.sidecars.objects import KubeObject
-from cephcsi.sidecars.provisioner.claims import Action, decide, is_candidate, storage_class_name
+from cephcsi.sidecars.provisioner.claims import Action, decide, is_candidate
+from cephcsi.sidecars.provisioner.names import storage_class_name
 from tests.unit.sidecars.fixtures import DRIVER, FINALIZER, claim, storage_class
 
 pytestmark = pytest.mark.unit
