@@ -26,6 +26,8 @@ import grpc
 
 from cephcsi.errors import CephCSIError
 from cephcsi.sidecars import objects
+from cephcsi.sidecars.resizer.claim_status import condition, conditions_of
+from cephcsi.sidecars.resizer.claim_status import is_final as is_final
 
 PENDING = "Pending"
 IN_PROGRESS = "InProgress"
@@ -40,10 +42,6 @@ EVENT_MODIFY = "VolumeModify"
 EVENT_SUCCESS = "VolumeModifySuccessful"
 EVENT_FAILED = "VolumeModifyFailed"
 EVENT_CANCELLED = "VolumeModifyCancelled"
-
-_NOT_FINAL = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
-                        grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED})
-
 
 @dataclass(frozen=True)
 class Classes:
@@ -98,10 +96,6 @@ def decide(classes: Classes, uncertain: bool) -> Step:
     return Step("modify", classes.wanted)
 
 
-def is_final(error: BaseException) -> bool:
-    return isinstance(error, CephCSIError) and error.code not in _NOT_FINAL
-
-
 def is_infeasible(error: BaseException) -> bool:
     return isinstance(error, CephCSIError) and error.code == grpc.StatusCode.INVALID_ARGUMENT
 
@@ -109,12 +103,8 @@ def is_infeasible(error: BaseException) -> bool:
 # ---- status updates (JSON merge patches of the status subresource) -----------------------------
 
 def _conditions(claim: Mapping[str, Any], new: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    kept = [dict(c) for c in objects.status(claim).get("conditions") or [] if c.get("type") not in MODIFY_CONDITIONS]
+    kept = [dict(c) for c in conditions_of(claim) if c.get("type") not in MODIFY_CONDITIONS]
     return kept + [dict(c) for c in new]
-
-
-def _condition(kind: str, now: str, message: str) -> dict[str, str]:
-    return {"type": kind, "status": "True", "lastTransitionTime": now, "message": message}
 
 
 def marked(claim: Mapping[str, Any], state: str, target: str, now: str, message: str = "") -> dict[str, Any]:
@@ -122,16 +112,16 @@ def marked(claim: Mapping[str, Any], state: str, target: str, now: str, message:
     keeps the existing ones)."""
     update: dict[str, Any] = {"modifyVolumeStatus": {"targetVolumeAttributesClassName": target, "status": state}}
     if state == IN_PROGRESS:
-        update["conditions"] = _conditions(claim, [_condition(MODIFYING, now, IN_PROGRESS_MESSAGE)])
+        update["conditions"] = _conditions(claim, [condition(MODIFYING, now, IN_PROGRESS_MESSAGE)])
     elif state == INFEASIBLE:
         update["conditions"] = _conditions(
-            claim, [_condition(MODIFYING, now, f"ModifyVolume failed with error {message}. Waiting for retry.")])
+            claim, [condition(MODIFYING, now, f"ModifyVolume failed with error {message}. Waiting for retry.")])
     return update
 
 
 def retry_error(claim: Mapping[str, Any], message: str, now: str) -> dict[str, Any]:
     return {"conditions": _conditions(
-        claim, [_condition(MODIFY_ERROR, now, f"ModifyVolume failed with error: {message}. Waiting for retry.")])}
+        claim, [condition(MODIFY_ERROR, now, f"ModifyVolume failed with error: {message}. Waiting for retry.")])}
 
 
 def completed(claim: Mapping[str, Any], vac: str) -> dict[str, Any]:
@@ -144,4 +134,4 @@ def rolled_back(claim: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def has_modifying_condition(claim: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == MODIFYING for c in objects.status(claim).get("conditions") or [])
+    return any(c.get("type") == MODIFYING for c in conditions_of(claim))

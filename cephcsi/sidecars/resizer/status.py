@@ -29,6 +29,9 @@ import grpc
 
 from cephcsi.errors import CephCSIError
 from cephcsi.sidecars import objects
+from cephcsi.sidecars.resizer.claim_status import condition as condition
+from cephcsi.sidecars.resizer.claim_status import conditions_of
+from cephcsi.sidecars.resizer.claim_status import is_final as is_final
 from cephcsi.sidecars.provisioner.request import format_bytes, quantity_bytes
 
 STORAGE = "storage"
@@ -46,10 +49,7 @@ NODE_INFEASIBLE = "NodeResizeInfeasible"
 
 FS_PENDING_MESSAGE = "Waiting for user to (re-)start a pod to finish file system resize of volume on node."
 
-# external-resizer's classes: these codes mean "try again", anything else is final for the
-# attempt; of the final ones, these mean the requested size itself cannot be had.
-_NOT_FINAL = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
-                        grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED})
+# Of the final codes (claim_status.is_final), these mean the requested size itself cannot be had.
 _INFEASIBLE = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND})
 
 
@@ -140,23 +140,11 @@ def _size_when_pv_grown(sizes: Sizes) -> int | None:
     return None if sizes.fs_pending else sizes.requested
 
 
-def is_final(error: BaseException) -> bool:
-    """Not worth retrying unchanged (an error of ours that is not a 'try again' code)."""
-    return isinstance(error, CephCSIError) and error.code not in _NOT_FINAL
-
-
 def is_infeasible(error: BaseException) -> bool:
     return isinstance(error, CephCSIError) and error.code in _INFEASIBLE
 
 
 # ---- status updates (dicts for a JSON merge patch of the status subresource) -------------------
-
-def condition(kind: str, now: str, message: str = "") -> dict[str, str]:
-    item = {"type": kind, "status": "True", "lastTransitionTime": now}
-    if message:
-        item["message"] = message
-    return item
-
 
 def merge_conditions(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """external-resizer's MergeResizeConditionsOfPVC: conditions of other kinds are kept; of the
@@ -175,7 +163,7 @@ def merge_conditions(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str
 
 
 def _conditions(claim: Mapping[str, Any], new: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return merge_conditions(objects.status(claim).get("conditions") or [], new)
+    return merge_conditions(conditions_of(claim), new)
 
 
 def in_progress(claim: Mapping[str, Any], size: int, now: str) -> dict[str, Any]:
