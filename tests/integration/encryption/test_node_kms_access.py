@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import kubernetes.client
 import pytest
-import yaml
 
 from cephcsi._generated import csi_pb2
 from cephcsi.ceph.credentials import Credentials
@@ -32,7 +31,7 @@ from tests.ceph.fixtures import CephTestCluster
 from tests.controlplane.cluster import ControlPlane
 from tests.integration.controller.helpers import create_request, image_of
 from tests.integration.driver import DriverProcess
-from tests.unit.deploy.manifests import DEPLOY, KMS_READER
+from tests.unit.deploy.manifests import KMS_READER
 from tests.unit.encryption.test_wrap import go_unwrap
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph, pytest.mark.kube]
@@ -42,28 +41,11 @@ SECRET = "luks-kek"
 KMS_ID = "tenant-meta"
 
 
-def _ignore_conflict(call: Any) -> None:
-    try:
-        call()
-    except kubernetes.client.ApiException as error:
-        if error.status != 409:
-            raise
-
-
 @pytest.fixture
-def plugin_kubeconfig(control_plane: ControlPlane, kube_namespace: str, tmp_path: Path) -> Iterator[Path]:
+def plugin_kubeconfig(node_service_account: Callable[..., Path]) -> Path:
     """A kubeconfig with the token of a ServiceAccount that has only deploy/'s KMS reader role, not
     yet bound anywhere (the test binds it in the tenant namespace)."""
-    role = next(doc for doc in yaml.safe_load_all((DEPLOY / "node-rbac.yaml").read_text())
-                if doc and doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == KMS_READER)
-    with control_plane.api_client() as admin:
-        _ignore_conflict(lambda: kubernetes.client.RbacAuthorizationV1Api(admin).create_cluster_role(role))
-    token = control_plane.service_account_token(f"{kube_namespace}-csi", "cephcsi-node")
-    try:
-        yield control_plane.write_kubeconfig(tmp_path / "node.kubeconfig", token)
-    finally:
-        with control_plane.api_client() as admin:
-            kubernetes.client.CoreV1Api(admin).delete_namespace(f"{kube_namespace}-csi")
+    return node_service_account(KMS_READER, "csi")
 
 
 @pytest.fixture

@@ -5,54 +5,24 @@ answers nothing, and the role still lists nothing."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import kubernetes.client
 import pytest
-import yaml
 
 from cephcsi.node.reclaim_claims import KubeTrimRequests
 from tests.controlplane.cluster import ControlPlane
-from tests.unit.deploy.manifests import DEPLOY
 
 pytestmark = [pytest.mark.integration, pytest.mark.kube]
 LAST_RUN = "reclaimspace.cephcsi.ceph.io/last-run"
 
 
-def _ignore_conflict(call: Any) -> None:
-    try:
-        call()
-    except kubernetes.client.ApiException as error:
-        if error.status != 409:
-            raise
-
-
 @pytest.fixture
-def node_kubeconfig(control_plane: ControlPlane, kube_namespace: str, tmp_path: Path) -> Iterator[Path]:
+def node_kubeconfig(node_service_account: Callable[..., Path]) -> Path:
     """The token of a ServiceAccount bound to node-rbac.yaml's cephcsi-node ClusterRole, nothing else."""
-    docs = [d for d in yaml.safe_load_all((DEPLOY / "node-rbac.yaml").read_text()) if d]
-    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "cephcsi-node")
-    role = {**role, "metadata": {**role["metadata"], "name": f"cephcsi-node-{kube_namespace}"}}
-    account_namespace = f"{kube_namespace}-node"
-    token = control_plane.service_account_token(account_namespace, "cephcsi-node")
-    binding = {"metadata": {"name": role["metadata"]["name"]},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
-               "subjects": [{"kind": "ServiceAccount", "name": "cephcsi-node", "namespace": account_namespace}]}
-    with control_plane.api_client() as admin:
-        rbac = kubernetes.client.RbacAuthorizationV1Api(admin)
-        _ignore_conflict(lambda: rbac.create_cluster_role(role))
-        _ignore_conflict(lambda: rbac.create_cluster_role_binding(binding))
-    try:
-        yield control_plane.write_kubeconfig(tmp_path / "node.kubeconfig", token)
-    finally:
-        with control_plane.api_client() as admin:
-            rbac = kubernetes.client.RbacAuthorizationV1Api(admin)
-            rbac.delete_cluster_role_binding(role["metadata"]["name"])
-            rbac.delete_cluster_role(role["metadata"]["name"])
-            kubernetes.client.CoreV1Api(admin).delete_namespace(account_namespace)
+    return node_service_account("cephcsi-node", "node", bind=True)
 
 
 def test_the_node_reads_the_leaders_record_by_name_only(control_plane: ControlPlane, kube_namespace: str,
