@@ -1,14 +1,5 @@
-"""Build a kubernetes ApiClient with client-side rate limiting and default timeouts.
-
-Every request made through the returned client, whatever typed API object wraps it, passes one
-token bucket (QPS/burst) first: the same protection client-go's rest client gives the Go
-sidecars, but with higher defaults (50/100) because the external-provisioner's 5/10 throttles a
-100-PVC burst to about 2 PVCs per second. A request with no `_request_timeout` gets the default
-(connect, read) timeouts; a plain number is turned into (connect, read) because the generated
-client silently ignores floats and urllib3.Timeout objects.
-
-urllib3 retries are cut to one connect retry and no read retries: callers (leader election
-in particular) size their own deadlines and must not be surprised by hidden retries.
+"""Build a kubernetes ApiClient whose every request passes one QPS/burst token bucket, with default
+(connect, read) timeouts and no hidden urllib3 retries. Design: docs/design/kubernetes-machinery.md.
 """
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""Record Kubernetes Events (core/v1) about objects, without ever blocking or failing the caller.
-
-Why core/v1 Events: `kubectl describe pvc` lists core/v1 Events by involvedObject, the
-sidecars' RBAC (`events: create, patch`) targets the core group, and the Go sidecars write
-exactly these (reason Provisioning / ProvisioningSucceeded / ProvisioningFailed, ...).
-
-How: `event()` validates and puts the request on a bounded queue (dropping it with a log line
-and a metric if full) and returns; one daemon thread writes to the API. Like client-go's event
-correlator, a repeat of an identical event (same object, type, reason, message) within
-`aggregation_window` does not create a new Event: the existing one is patched with count+1 and
-a new lastTimestamp. A per-object token bucket (burst 25, then one per 5 minutes) keeps a hot
-retry loop from flooding the API. A patch that finds the Event gone (Events expire after an
-hour by default) creates a new one.
-
-Limits: the aggregation cache is in memory and bounded (LRU); after a restart the first repeat
-creates a new Event. Events for cluster-scoped objects (PVs, Nodes) go to namespace "default".
+"""Record core/v1 Events about objects without ever blocking or failing the caller: a bounded queue,
+one writer thread, aggregation of repeats (count+1) and a per-object rate limit. Events about
+cluster-scoped objects go to namespace "default". Design: docs/design/kubernetes-machinery.md.
 """
 from __future__ import annotations
 

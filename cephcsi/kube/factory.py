@@ -1,11 +1,6 @@
 """Shared informer factory: one informer per (resource, namespace, selectors) per process.
-
-The provisioner and the attacher both read PersistentVolumes; with the factory they share one
-watch and one cache instead of two. Ask for an informer with `for_resource` (or one of the
-shortcuts), add handlers and indexers, then call `start()` once everything is registered and
-`wait_for_sync()` before starting workers. Informers requested after `start()` are started by
-the next `start()` call. Settings other than selectors are fixed by the first request; handlers
-that need a different resync period pass it on their EventHandler.
+Register handlers and indexers, then `start()`, then `wait_for_sync()` before starting workers.
+Design: docs/design/kubernetes-machinery.md.
 """
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
-"""Informer: keep a local cache of one resource in sync with the API server and tell handlers.
-
-Three parts, each in its own module (the same split as client-go's shared informer):
-- `reflector.Reflector` (the watch thread) lists and watches the resource, with resume,
-  backoff and relist on 410 Gone;
-- this class owns the cache: it applies what the reflector reads to the Store and, under the
-  same lock, queues a notification per change, so notification order equals cache order and a
-  handler added concurrently sees each change exactly once. A relist is diffed against the
-  cache by resourceVersion, so handlers see adds, updates and deletes (with
-  `final_state_unknown=True`, carrying the last cached object) for what changed meanwhile, and
-  unchanged objects are not re-delivered (resync is the tool for that);
-- `handlers.Dispatcher` (the dispatch thread) delivers notifications and periodic resyncs.
-
-`has_synced()` turns true once the first list is cached AND its add notifications have been
-delivered, so workers started after `wait_for_sync` see every existing object. Cached dicts
-are shared: treat them as read-only; deep-copy before modifying.
+"""Informer: a local cache of one resource kept in sync by `reflector.Reflector`, with one
+notification per change queued under the cache's lock (delivered by `handlers.Dispatcher`).
+`has_synced()` is true once the first list is cached and its adds delivered. Cached dicts are
+shared: read-only; deep-copy before changing. Design: docs/design/kubernetes-machinery.md.
 """
 from __future__ import annotations
 

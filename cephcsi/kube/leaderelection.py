@@ -1,39 +1,8 @@
-"""Leader election on a coordination.k8s.io/v1 Lease, with fencing of leader-only loops.
-
-Protocol (client-go's, whose Lease records the Go sidecars and kubectl understand):
-- A candidate reads the Lease. It may take it when nobody holds it, when it holds it itself, or
-  when the record has not changed for `leaseDurationSeconds` *as measured by the candidate's own
-  monotonic clock from the moment it saw that record* (wall clocks of different machines are
-  never compared). Writes carry the resourceVersion that was read, so among racing candidates
-  one wins and the others get 409 Conflict. A holder change increments leaseTransitions and sets
-  acquireTime; every write sets renewTime (MicroTime).
-- The leader renews every `retry_period`. A standby whose observed record would expire before
-  its next poll wakes exactly at the expiry, so a dead leader is replaced within about
-  lease_duration + retry_period.
-- Graceful stop: loops are stopped first, then the lease is released (holderIdentity "" and
-  leaseDurationSeconds 1), so a standby takes over at its next poll instead of waiting out the
-  lease.
-
-Fencing. A supervisor (independent of the renewing thread, so a hung HTTP request cannot delay
-it) declares leadership lost when no renewal has succeeded for `renew_deadline` since the start
-of the last successful one, or at once when the Lease shows another holder. It then stops every
-leader-only loop — sets the stop event given to on_started_leading, calls on_stopped_leading,
-and waits for both — and must finish before `fence_deadline` (by default 90% of the lease
-duration after the last successful renewal began). No other replica can see the lease as
-expired before last-renewal-start + lease_duration, because its clock starts when it sees our
-last write. `is_leader` stays True until the loops are confirmed stopped, so it is a safe
-answer to "might leader-only work be running here?".
-
-Lost leadership: re-enter the election (chosen) rather than exit the process (what the Go
-sidecars do). This process also serves the CSI controller gRPC API and keeps informer caches
-that take time to rebuild; restarting it for a lost lease (often a brief apiserver hiccup) costs
-a full restart plus relists, and with several sidecars in one process one lease loss would kill
-them all. Re-entering is only safe if the loops really stopped, so if they do not stop by the
-fence deadline the elector calls `on_fencing_failure`, which by default exits the process at
-once (os._exit): only then can a stuck thread be guaranteed not to act without the lease.
-
-Use a dedicated ApiClient for the lock (see KubeLeaseLock) so controller traffic can never
-throttle renewals. Timings must satisfy lease_duration > renew_deadline > retry_period.
+"""Leader election on a coordination.k8s.io/v1 Lease (client-go's protocol), with fencing: leader-only
+loops are stopped before another replica can take the lease, `is_leader` stays true until they
+have stopped, and a loss re-enters the election (`on_fencing_failure` exits if the loops do not stop
+in time). Timings must satisfy lease_duration > renew_deadline > retry_period; give the lock an
+ApiClient of its own. Design: docs/design/kubernetes-machinery.md.
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Read and write a coordination.k8s.io/v1 Lease for leader election.
-
-Updates are PUTs carrying the resourceVersion that was read, so the API server rejects a write
-based on a stale read with 409 Conflict (optimistic concurrency): of two candidates that both saw
-an expired lease, exactly one wins. Fields of the Lease this module does not manage (labels,
-newer spec fields) are preserved because updates start from the object as read.
-
-The elector depends on the `LeaseLock` protocol only, so unit tests use an in-memory lock.
+"""Read and write a coordination.k8s.io/v1 Lease for leader election: PUTs carry the resourceVersion
+read (409 Conflict on a stale one) and keep the fields they do not manage. The elector depends on
+the `LeaseLock` protocol only. Design: docs/design/kubernetes-machinery.md.
 """
 from __future__ import annotations
 

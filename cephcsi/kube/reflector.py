@@ -1,25 +1,7 @@
-"""The informer's producer side: list, then watch from the list's resourceVersion, forever.
-
-Same contract as client-go's reflector. A watch that ends normally (server-side
-`timeoutSeconds`, drawn at random from [watch_timeout, 2*watch_timeout) so many clients do not
-reconnect together) or goes quiet for `inactivity_timeout` (client-side read timeout; bookmarks
-keep a healthy watch from going quiet) is resumed from the last seen resourceVersion.
-Connection errors, 5xx and 429 are retried with capped exponential backoff and jitter, resuming
-too (after 5 failures in a row, or any other HTTP error, the reflector lists again instead).
-410 Gone / "too old resourceVersion" means events were lost: list again, and the sink diffs the
-result against its cache.
-
-Objects are plain dicts decoded from JSON (`_preload_content=False`), not the client's typed
-models: decoding into models costs several times more CPU and memory, drops fields the client
-version does not know (bad when building an update from a cached object), and turns camelCase
-into snake_case attributes that differ from every manifest and kubectl output. List items get
-`kind` and `apiVersion` filled in (the API omits them in lists) so cached objects can be used as
-event targets. `metadata.managedFields` is dropped from every object before it is cached
-(client-go's TransformStripManagedFields): no loop reads it, and it is more than half of a
-typical claim's or PV's size, so the cache grew by it with every object of the cluster. Updates
-built from a cached object stay correct: the apiserver keeps the live object's managedFields
-when a request carries none. Relists are consistent reads (no resourceVersion="0"): they cost the apiserver
-more than a cache read but never go back in time.
+"""The informer's producer side: list, then watch from the list's resourceVersion, for ever
+(client-go's reflector contract: resume, backoff, relist on 410 Gone). Objects are plain JSON
+dicts with `kind`/`apiVersion` filled in and `metadata.managedFields` dropped.
+Design: docs/design/kubernetes-machinery.md.
 """
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""Work queue of keys with de-duplication, per-key exclusivity, delayed and rate-limited adds,
-and an elastic pool of worker threads.
-
-Semantics (those of client-go's rate-limiting work queue, which the sidecars are built on):
-- A key waiting in the queue is there once however often it is added ("dirty" set).
-- A key being processed ("processing" set) is never handed to a second worker; if it is added
-  meanwhile it is queued again when the first worker calls `done`, so the latest state is
-  always processed after the change that caused the add.
-- `add_rate_limited` re-adds after the key's own exponential backoff (1s doubling to 5m by
-  default); `forget` resets that backoff after a success; `add_after` is a plain delayed add.
-  Several pending delayed adds of one key collapse into the earliest.
-- `shut_down()` is immediate: adds are ignored, pending and delayed keys are dropped and `get`
-  returns None, so workers stop after their current key (what losing leadership needs).
-  `shut_down_with_drain()` ignores new adds but lets workers finish what is already queued.
-
-Metrics (workqueue_* in cephcsi.kube.metrics) are labelled with the queue's name.
+"""Work queue of keys with client-go's semantics: de-duplication, per-key exclusivity, delayed and
+rate-limited adds, `shut_down()` (immediate) and `shut_down_with_drain()`, and an elastic pool of
+worker threads. Design: docs/design/kubernetes-machinery.md.
 """
 from __future__ import annotations
 
