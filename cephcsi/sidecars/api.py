@@ -1,11 +1,6 @@
-"""The API writes and live reads the embedded sidecars make, each one call with one job.
-
-Everything else is read from the informer caches. Live reads are used only right before a
-destructive or identity-changing step (deleting a volume, adopting an existing PV), where a
-cache a moment behind could be wrong. Finalizers are added and removed with strategic-merge
-patches (no resourceVersion): they cannot conflict with the PV controller's concurrent updates
-of the same claim, and they never drop somebody else's finalizer. Failures are translated into
-cephcsi.errors (kubeerrors.translate), so work items fail with messages naming the call.
+"""The API writes and live reads the embedded sidecars make, each one call with one job; everything
+else comes from the informer caches. Finalizers are strategic-merge patches (never drop another's
+finalizer); failures are raised as cephcsi.errors naming the call. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
 """In-process CSI calls with --timeout, and a record of which volume names have a call running.
-
-The provisioner calls the Controller servicer in-process. A Python call cannot be cancelled
-once it is inside librados, so --timeout is applied the only honest way: the call runs on a
-pool thread and the caller waits at most `timeout`; on expiry the caller gets DEADLINE_EXCEEDED
-(external-provisioner's class for a timed-out call: retry later) while the call itself goes on.
-It cannot go on for long: every Ceph operation is bounded by rados_osd_op_timeout /
-rados_mon_op_timeout / client_mount_timeout (cephcsi.ceph.connection), so a call ends after at
-most a few of those even with Ceph unreachable. This is what fixes weakness #1 (a hung first
-call and endless ABORTED retries): a retry of the same call on the same name does not start a
-second call that would hit the per-name lock; it waits for the one already running and takes
-its result.
-
-`busy(name)` tells whether any call on a volume name is running, so a clean-up DeleteVolume is
-never started while a CreateVolume for the same name is still in flight in this process
-(that pair could otherwise leave an image without a journal entry). `drain` waits for every
-running call: leader-only loops call it before reporting themselves stopped, so a new leader
-never races a call left over from the old one (if it cannot finish before the fence deadline,
-the leader elector exits the process, which ends the call).
+On expiry the caller gets DEADLINE_EXCEEDED while the call goes on; a retry on the same name joins
+the running call. `busy(name)` says whether a call on a name runs; `drain` waits for all of them
+(leader-only loops call it before they report themselves stopped). Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

@@ -1,23 +1,7 @@
-"""Controller-mode loops: shared informers on every replica, provisioner and attacher on the leader.
-
-Built by the composition root (`cephcsi.cli.sidecar_wiring`), which hands over ready-made parts:
-one API client for the controllers (--kube-api-qps/burst) and, with leader election, a separate
-unthrottled one for the Lease (a saturated limiter must never delay a renewal); the informer
-factory (PVCs, PVs, StorageClasses and VolumeAttachments, + Nodes and CSINodes when the plugin
-reports topology), the event recorder, the in-process CSI call pool and the loops themselves.
-`start` starts the informers at once on every replica, so a standby's caches are warm and a
-failover costs a Lease hand-over, not a relist. /readyz gets "informers synced"; /healthz gets
-the leader elector's health.
-
-Leadership (cephcsi.kube.leaderelection, Lease `<driver name sanitised>` in
---leader-election-namespace, else the pod's namespace): on acquiring the Lease the loops wait
-for the caches, then start their workers. On losing it we stop the loops and campaign again
-rather than exit (the choice leaderelection.py documents: this process also serves CSI calls and
-holds warm caches). Stopping a loop means: handlers removed, queues shut down, workers joined,
-and every in-process CSI call still running drained (cephcsi.sidecars.calls), all before the
-fence deadline; if that cannot be done in time the elector exits the process, which is the
-only way to guarantee no leader-only work continues. Graceful stop releases the Lease so a
-standby takes over at its next poll. --leader-election=false runs the loops unconditionally.
+"""Controller-mode loops: shared informers on every replica; provisioner, attacher and the other
+leader-only loops on the Lease holder. Built from ready-made parts by cephcsi.cli.sidecar_wiring.
+Losing the Lease stops every loop (handlers, queues, workers, in-process calls) before the fence
+deadline and campaigns again. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

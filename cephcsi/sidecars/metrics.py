@@ -1,11 +1,5 @@
-"""Prometheus metrics of the embedded provisioner and attacher.
-
-Names of sig-storage-lib-external-provisioner where one exists (controller_persistentvolumeclaim_
-provision_*, controller_persistentvolume_delete_*, labelled by class), so dashboards built for
-external-provisioner keep working; plus one histogram of every sidecar operation by outcome.
-Work-queue depth/retries (workqueue_*), leader status (leader_election_master_status) and API
-client metrics (rest_client_*) come from cephcsi.kube.metrics; CSI call durations
-(csi_sidecar_operations_seconds) from the RPC decorator, which the in-process calls go through.
+"""Prometheus metrics of the embedded provisioner and attacher, under external-provisioner's names
+where one exists. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

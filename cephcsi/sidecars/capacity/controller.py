@@ -1,17 +1,6 @@
-"""The capacity loop (leader only): keeps one CSIStorageCapacity object per (StorageClass of this
-driver, topology segment) in the controller's namespace, with GetCapacity's answer.
-
-Two work items on one queue, handled by one worker (so they never race each other):
-- "sync", queued by every change of a StorageClass, CSINode, Node labels or one of our
-  CSIStorageCapacity objects: creates the objects that are missing (and refreshes those of a
-  class that was added or changed), deletes those whose class or segment is gone, duplicates,
-  and objects of a class that stopped qualifying. Objects whose item is unchanged are left
-  alone, so our own writes, seen again through the informer, cost no GetCapacity call.
-- "poll", every --capacity-poll-interval (1m by default, as external-provisioner): GetCapacity
-  for every item, and an update where the figure or the owner changed.
-A failed item leaves its object as it was; the work item is retried with the usual backoff
-(--retry-interval-start/max) and the others are still written. The work is per class and
-segment, never per claim: a handful of objects and calls per interval (issue 38's budget).
+"""The capacity loop (leader only): one CSIStorageCapacity object per (StorageClass of this driver,
+topology segment) in the controller's namespace, holding GetCapacity's answer; "sync" and "poll"
+work items on one queue and one worker. A failed item leaves its object as it was. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Which CSIStorageCapacity objects should exist, and which existing ones are ours (pure logic).
-
-One object per (StorageClass of this driver, topology segment), as external-provisioner's
-central capacity controller keeps them, with its labels (`csi.storage.k8s.io/drivername`,
-`csi.storage.k8s.io/managed-by: external-provisioner`), so objects it left behind are adopted
-and ours look like its own to anything that reads them. A segment is the set of topology labels
-(the driver's `topologyKeys` in a CSINode) of a node where the driver is registered; a driver
-registered without keys gives one empty segment, whose object selects every node. Classes with
-Immediate binding are skipped unless asked for: the scheduler reads capacity only for
-WaitForFirstConsumer claims.
+"""Which CSIStorageCapacity objects should exist, and which existing ones are ours (pure), labelled
+as external-provisioner labels them. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

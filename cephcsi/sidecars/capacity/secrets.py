@@ -1,11 +1,6 @@
-"""GetCapacity's credentials: the Secret a StorageClass names for the provisioner.
-
-GetCapacityRequest has no secrets field, but carries the class's parameters unfiltered (as
-external-provisioner sends them), secret references included. Only references fixed by the
-class can be followed: a template naming the claim (`${pvc.name}`, `${pvc.namespace}`,
-`${pv.name}`, annotations) has no claim to fill it in, so such a class gets no capacity, with
-an error that says why. The Secret is read with a plain GET each time (the RBAC the provisioner
-already has; a handful of reads per poll interval), and its values are never logged.
+"""GetCapacity's credentials: the Secret a StorageClass names for the provisioner, when the class
+fixes it (a claim template cannot be filled: no capacity, and an error saying why). Values are
+never logged. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Claim selection: what the provisioner should do with one PVC, decided from cached objects.
-
-The rules are external-provisioner's (`shouldProvision`): a claim is ours when its
-`volume.kubernetes.io/storage-provisioner` (or the beta) annotation names this driver, it is
-not bound to a volume, and, for WaitForFirstConsumer classes, the scheduler has picked a node
-(`volume.kubernetes.io/selected-node`). Added here: the provisioning finalizer
-(names.provisioning_finalizer) marks a claim whose volume may already exist. Such a claim, once
-being deleted, is cleaned up (its volume deleted) before the finalizer goes; once its PV exists,
-the finalizer is simply released. This pure function never calls the API; the worker acts on
-its answer and re-checks anything destructive against the API server.
+"""Claim selection: what the provisioner should do with one PVC, decided from cached objects (pure;
+external-provisioner's shouldProvision plus the provisioning finalizer). The worker re-checks
+anything destructive against the apiserver. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""The provisioner's leader-only loop: informer handlers feeding two work queues and their workers.
-
-    claims queue  (key "namespace/name")  ← PVC add/update/delete, StorageClass add/update
-    volumes queue (key PV name)           ← PV add/update, PVC delete (claim gone → its PV),
-                                            VolumeAttachment delete (attached PV may now go)
-
-Both are rate-limited per key (--retry-interval-start doubling to --retry-interval-max), with
---worker-threads workers each. One `start` → `stop` is one leadership term: handlers are added
-at start (the informers then replay every cached object, i.e. a full resync for the new
-leader) and removed at stop; queues are shut down (pending keys dropped: the next leader
-replays everything) and workers joined. Handlers re-deliver every object every `resync`
-seconds, so nothing stays forgotten (external-provisioner resyncs every 15 minutes).
+"""The provisioner's leader-only loop: informer handlers feeding the claims and volumes work queues
+and their workers; one `start` → `stop` is one leadership term. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

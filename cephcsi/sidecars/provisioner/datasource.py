@@ -1,16 +1,6 @@
 """Claims with a data source: restore from a VolumeSnapshot, clone a PersistentVolumeClaim
-(external-provisioner's rules and messages).
-
-- VolumeSnapshot (apiGroup snapshot.storage.k8s.io) in the claim's namespace: it must be ready
-  and not being deleted, bound to a content of this driver with a snapshot handle, and the claim
-  must ask for at least its restoreSize.
-- PersistentVolumeClaim in the claim's namespace: bound, not being deleted, its PV of this
-  driver, the same StorageClass, and the claim at least as large. The source claim gets the
-  finalizer `provisioner.storage.kubernetes.io/cloning-protection` before CreateVolume, so it
-  cannot disappear mid-clone; the finalizer is removed once the source is being deleted and no
-  pending claim in its namespace clones it any more.
-
-Anything else (other kinds, populators) fails the claim, as before.
+(external-provisioner's rules and messages; the source claim's cloning-protection finalizer).
+Any other kind fails the claim. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
 """The volume worker: delete released volumes and manage the PV finalizer, as external-provisioner.
-
-A PV is ours when `pv.kubernetes.io/provisioned-by` (or `pv.kubernetes.io/migrated-to`) names
-this driver and spec.csi.driver is this driver. Then, per reclaim policy:
-
-- Delete: when the PV is Released (or its claim is gone, confirmed live, before the PV
-  controller gets to mark it), or was itself deleted (deletionTimestamp, no longer Bound) with
-  our finalizer: refuse while a VolumeAttachment references the PV (retried; the attachment's
-  deletion re-queues the PV), re-read the PV live, DeleteVolume with the secret named by the
-  PV's deletion-secret annotations (or, for PVs without them, resolved from the class), delete
-  the PV object, remove our finalizer. A PV with Delete policy but without our finalizer gets
-  it added (external-provisioner does the same for PVs created before the finalizer existed).
-- Retain (or anything else): remove our finalizer if present; the image stays.
-
-Failures: Warning event VolumeFailedDelete on the PV, retried with backoff.
+Failures: a Warning event VolumeFailedDelete on the PV, retried with backoff. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
-"""Classification of a failed provisioning attempt, as external-provisioner does it.
-
-The in-process CSI calls raise cephcsi.errors exceptions whose `.code` is the gRPC status the
-call would have returned over the socket, so the classes are external-provisioner's exactly:
-
-- CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE, ABORTED, RESOURCE_EXHAUSTED: the volume may still
-  be being created: IN_PROGRESS, keep retrying with backoff;
-- RESOURCE_EXHAUSTED for a WaitForFirstConsumer claim with a selected node: RESCHEDULE (drop
-  `volume.kubernetes.io/selected-node` so the scheduler picks another node);
-- anything else: FINAL for this attempt. external-provisioner still retries these with backoff
-  (the class may be fixed meanwhile) and so do we.
-- an exception that is not a CSI error (an API server failure, a bug): IN_PROGRESS, because we
-  cannot know whether a CreateVolume is running (external-provisioner's rule for non-gRPC errors).
-
-What "in progress" changes: external-provisioner keeps such claims in memory to finish them even
-if the claim stops qualifying. Here the provisioning finalizer on the claim does that durably
-(see provision.py), so the class only decides rescheduling, logs and metrics.
+"""Classification of a failed provisioning attempt (IN_PROGRESS, RESCHEDULE, FINAL), by the gRPC
+code the error carries, as external-provisioner classifies it. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

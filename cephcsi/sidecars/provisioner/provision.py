@@ -1,38 +1,6 @@
 """The claim worker: provision a volume and its PV for a claim, or clean up after a deleted one.
-
-One work item is one claim key ("namespace/name"); the work queue hands a key to one worker at
-a time, so everything done for one claim is serialized. The steps of a provisioning:
-
-    0. Unless the informer has PV "pvc-<uid>", read it live: a PV of this claim the cache lacks
-       yet means it is done (only the finalizer may be left to release).
-    1. Provisioning event; build the request (class parameters, capacity, capabilities), resolve
-       and read the provisioner secret, topology if enabled.
-    2. Add the provisioning finalizer to the claim (a patch; skipped when present).
-    3. CreateVolume("pvc-<uid>") in-process, bounded by --timeout (cephcsi.sidecars.calls).
-    4. Create PV "pvc-<uid>" (an existing one is adopted when its claimRef is this claim).
-    5. Remove the provisioning finalizer; ProvisioningSucceeded event.
-
-Why the finalizer (beating weakness #2: external-provisioner keeps in-progress claims only in
-memory, and a claim deleted while its volume was being created leaks the image): from step 2
-until step 5 the claim cannot disappear. If it is deleted in that window (also while every
-controller replica is down, or after the leader was killed mid-CreateVolume) it stays
-Terminating until a leader runs the clean-up: wait for any CreateVolume still running for the
-name in this process, re-check live that no PV "pvc-<uid>" exists, look the name up in the
-journal (read-only), DeleteVolume, remove the finalizer. Crash anywhere: the retry lands on the
-same journal entry (same name → same volume) and the same PV name, so nothing is created twice.
-
-Alternatives considered: a sweeper that deletes journal entries `pvc-<uid>` whose claim and PV
-are gone would also delete images an admin kept on purpose (Retain policy, then the PV object
-deleted), cannot resolve `${pvc.namespace}` secret templates for a claim that no longer exists,
-and needs a grace-period guess against cache lag; an annotation alone is lost with a claim
-deleted while no controller watches. The finalizer costs two patches per provisioning.
-
-Limits: if the StorageClass or the provisioner Secret is deleted before the clean-up of a
-deleted claim runs, the volume cannot be found or authenticated: the finalizer is released with
-a Warning event naming the volume left behind, rather than keeping the claim (and perhaps its
-namespace) Terminating forever. A claim deleted while its finalizer is on it waits for a running
-leader: with the driver uninstalled mid-provision it stays Terminating until the finalizer is
-removed by hand (the same contract as the PV finalizer external-provisioner adds).
+The provisioning finalizer keeps the claim from going between CreateVolume and its PV, and every
+step is idempotent (same name, same journal entry, same PV). Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
-"""The PersistentVolume for a provisioned volume, field for field as external-provisioner writes it.
-
-    metadata.name                 pvc-<claim uid>
-    metadata.annotations          pv.kubernetes.io/provisioned-by: <driver>
-                                  volume.kubernetes.io/provisioner-deletion-secret-{name,namespace}
-    metadata.finalizers           external-provisioner.volume.kubernetes.io/finalizer (Delete policy)
-    spec.csi                      driver, volumeHandle, fsType (not for Block), volumeAttributes
-                                  (the volume context + storage.kubernetes.io/csiProvisionerIdentity),
-                                  controllerPublish/nodeStage/nodePublish/controllerExpand/nodeExpand
-                                  secret refs from the class
-    spec.claimRef                 the claim, with uid and resourceVersion (pre-binds the PV)
-    spec.persistentVolumeReclaimPolicy, accessModes, volumeMode, capacity (what CreateVolume
-    returned), mountOptions, storageClassName, nodeAffinity (accessible topology)
-
-The finalizer is added only for the Delete policy, as external-provisioner does: it guarantees
-DeleteVolume runs before the PV object disappears; with Retain there is nothing to guarantee.
+"""The PersistentVolume for a provisioned volume, field for field as external-provisioner writes it
+(pure). Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

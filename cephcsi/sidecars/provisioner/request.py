@@ -1,15 +1,5 @@
-"""From a claim and its StorageClass to the CreateVolume request, as external-provisioner builds it.
-
-- name `pvc-<claim uid>`, so every retry (in this process, after a crash, on another replica)
-  asks the journal for the same volume;
-- capacity: `spec.resources.requests.storage` (required) and `limits.storage` (limit);
-- capabilities: one per access mode; Block → block, otherwise mount with the class's
-  `csi.storage.k8s.io/fstype` (or --default-fstype) and mountOptions. ReadWriteOnce maps to
-  SINGLE_NODE_MULTI_WRITER when the controller advertises it (as external-provisioner does),
-  else SINGLE_NODE_WRITER;
-- parameters: the class's parameters without `csi.storage.k8s.io/*` keys; an unknown key under
-  that prefix is refused like external-provisioner refuses it; with --extra-create-metadata the
-  claim's name/namespace and the PV name are added under the reserved prefix.
+"""From a claim and its StorageClass to the CreateVolume request, as external-provisioner builds it
+(pure; name `pvc-<claim uid>`, so every retry asks for the same volume). Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

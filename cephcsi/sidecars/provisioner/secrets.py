@@ -1,15 +1,5 @@
-"""Secret references in StorageClass parameters, with external-provisioner's templates.
-
-`csi.storage.k8s.io/<kind>-secret-name` and `-namespace` name a Secret, possibly through
-templates resolved per claim:
-
-    name:       ${pv.name} ${pvc.name} ${pvc.namespace} ${pvc.annotations['KEY']}
-    namespace:  ${pv.name} ${pvc.namespace}
-
-Both keys must be given, or neither. An unknown token, or a result that is not a valid Secret
-name (DNS-1123 subdomain) or namespace (DNS-1123 label), is an error naming the parameter.
-Secrets are read by name with a plain GET when needed (no list/watch, no cache: RBAC can then
-be limited to `get` in the namespaces that hold them), and their values are never logged.
+"""Secret references in StorageClass parameters, with external-provisioner's templates (pure); an
+invalid reference is an error naming the parameter. Secret values are never logged. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Static (pre-provisioned) PVs of this driver: never deleted, and reclaimPolicy Delete refused aloud.
-
-A static PV (ceph-csi's docs/static-pvc.md: volumeHandle = bare RBD image name, volumeAttributes
-`staticVolume: "true"`) names an image somebody made by hand. The driver did not create it and
-keeps no journal entry for it, so it never deletes it: DeleteVolume of such a handle is a no-op.
-ceph-csi requires `persistentVolumeReclaimPolicy: Retain` on them; with Delete, the claim's
-deletion would look like a successful delete while the image stays (external-provisioner + ceph-csi
-delete the PV object and leave the image). Here the volume worker never calls DeleteVolume for a
-static PV: it leaves the PV as it is and puts a Warning event on it saying what to change, so the
-admin decides what happens to the data.
+"""Static (pre-provisioned) PVs of this driver: never deleted, and reclaimPolicy Delete refused with
+a Warning event on the PV. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Topology: accessibility requirements for CreateVolume and the PV's node affinity.
-
-Used only when the plugin advertises VOLUME_ACCESSIBILITY_CONSTRAINTS. A simplified form of
-external-provisioner's GenerateAccessibilityRequirements:
-- with a selected node (WaitForFirstConsumer), requisite = preferred = that node's segment: its
-  labels for the topology keys its CSINode lists for this driver;
-- otherwise the class's allowedTopologies (each term expanded to all value combinations), or
-  failing that every distinct segment of the nodes that run this driver.
-Not done (unlike external-provisioner): intersecting the selected node's segment with
-allowedTopologies, and the "strict topology" / "immediate topology" flags.
+"""Topology: accessibility requirements for CreateVolume and the PV's node affinity (a simplified
+external-provisioner GenerateAccessibilityRequirements). Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The two writes the resizer makes: the claim's status (subresource) and the PV's capacity.
-
-Both are JSON merge patches (RFC 7386) sent through the shared, rate-limited ApiClient: maps
-merge key by key (so only `storage` entries change), lists are replaced whole (the resize
-conditions are computed by status.merge_conditions) and null deletes a key. The status patch
-that starts a resize carries the claim's resourceVersion, so it applies only to the claim the
-decision was made from (a 409 means our cache was behind: the work item is retried), as
-external-resizer's patches with a resourceVersion check do.
+"""The two writes the resizer makes, as JSON merge patches: the claim's status (subresource; the
+patch that starts a resize carries the claim's resourceVersion) and the PV's capacity. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
 """The resizer's leader-only loop: claim events → one rate-limited work queue (key
-"namespace/name") → ResizeWorker.
-
-Like the attacher's loop, one `start` → `stop` is one leadership term: handlers are added at
-start (the informer replays every cached claim, so a new leader re-examines every claim and
-finishes resizes its predecessor left half done, from what their status records) and removed
-at stop; the queue is dropped. Handlers re-deliver every claim each `resync` seconds, which is
-also how a claim left waiting (e.g. after an infeasible size) is looked at again.
+"namespace/name") → ResizeWorker; one `start` → `stop` is one leadership term. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

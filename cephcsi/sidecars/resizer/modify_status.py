@@ -1,20 +1,6 @@
-"""The VolumeAttributesClass half of the resizer's decisions and the claim status it writes, as
-pure functions of API objects (external-resizer v2's modify controller).
-
-The claim records the change, so a restart or a new leader continues from the API alone:
-
-    spec.volumeAttributesClassName              the class the user wants
-    status.currentVolumeAttributesClassName     the class the volume has (set when done; the PV
-                                                binder sets it at bind from the PV)
-    status.modifyVolumeStatus                   {targetVolumeAttributesClassName, status}:
-                                                Pending (the class does not exist yet),
-                                                InProgress, Infeasible (the driver refused the
-                                                class: INVALID_ARGUMENT)
-    conditions ModifyingVolume / ModifyVolumeError
-
-An Infeasible class leaves the volume as it was (ControllerModifyVolume changes nothing before
-it has validated every key) and `current` at the previous class; setting the spec back to that
-class re-applies it (idempotent) and clears the status — the rollback Kubernetes offers.
+"""The VolumeAttributesClass half of the resizer's decisions and the claim status it writes, as pure
+functions of API objects (external-resizer v2's modify controller); the claim's status is the
+only record, so a restart or a new leader continues from the API alone. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

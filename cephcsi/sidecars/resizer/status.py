@@ -1,23 +1,6 @@
-"""The resizer's decisions and the PVC status it writes, as pure functions of API objects.
-
-Kubernetes 1.35 (RecoverVolumeExpansionFailure, GA since 1.34) records a resize in the claim's
-status, and that record is what makes the resizer restartable and leader-change safe — the
-next leader reads where the last one stopped from the claim, not from memory:
-
-    status.allocatedResources.storage        the size being (or last) expanded to
-    status.allocatedResourceStatuses.storage ControllerResizeInProgress → (NodeResizePending →
-                                             kubelet: NodeResizeInProgress → cleared) or
-                                             ControllerResizeInfeasible (a final error that
-                                             this size can never succeed with)
-    status.conditions                        Resizing (controller step running),
-                                             FileSystemResizePending (the kubelet's turn),
-                                             ControllerResizeError (last attempt failed)
-
-`plan` is external-resizer's expandAndRecover decision table: a resize already under way is
-finished at the size it started with (allocatedResources) — so a crash or leader change never
-leaves a half-done expansion to another size — except where the user may lower a failed
-request: after ControllerResizeInfeasible, or after a final error this process saw
-(`final_error`), the claim's current request is used instead.
+"""The resizer's decisions and the PVC status it writes, as pure functions of API objects; the
+claim's status (allocatedResources, allocatedResourceStatuses, conditions) is the only record, so a
+restart or a new leader continues from it. `plan` is external-resizer's expandAndRecover. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

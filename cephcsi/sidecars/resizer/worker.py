@@ -1,21 +1,5 @@
-"""The resize worker: one claim key at a time, external-resizer's steps in order.
-
-    1. Decide (status.plan) from the cached claim and PV; nothing to do → done.
-    2. Record the start in the claim's status (Resizing, allocatedResources,
-       ControllerResizeInProgress), guarded by its resourceVersion; a Resizing event.
-    3. ControllerExpandVolume in-process (bounded by --timeout, cephcsi.sidecars.calls), with the
-       controller-expand secret the PV names.
-    4. Grow the PV's capacity (never lowered).
-    5. FileSystemResizePending + NodeResizePending (the kubelet finishes, clears both and sets
-       status.capacity) and a FileSystemResizeRequired event; or, when no node step is needed,
-       status.capacity and the resize status cleared, VolumeResizeSuccessful.
-
-A crash or leader change between any two steps is completed by the next attempt: the status
-written in step 2 makes it expand to the same size again (ControllerExpandVolume is idempotent)
-and redo steps 4-5, which are idempotent too. A failure raises (the queue retries it with
-backoff) after a VolumeResizeFailed event; a final one also sets ControllerResizeError, and an
-infeasible one ControllerResizeInfeasible, after which nothing is retried until the user
-changes the request (lowering it is the recovery path Kubernetes offers).
+"""The resize worker: one claim key at a time, external-resizer's steps in order, each idempotent, so
+the next attempt completes whatever a crash or leader change interrupted. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
-"""One VolumeSnapshotContent of this driver → CreateSnapshot / ListSnapshots / DeleteSnapshot,
-as kubernetes-csi's csi-snapshotter sidecar (v8) does it:
-
-- dynamic content (`spec.source.volumeHandle`): annotate `volumesnapshot-being-created`,
-  CreateSnapshot("snapshot-<VolumeSnapshot uid>", class parameters without `csi.storage.k8s.io/`
-  keys, secrets from the class's `csi.storage.k8s.io/snapshotter-secret-*`), then status
-  (snapshotHandle, creationTime in ns, restoreSize, readyToUse); the annotation is removed once
-  the answer is final (ready, or an error that retrying cannot fix). Not ready yet: asked again
-  with backoff (CreateSnapshot is idempotent by name).
-- pre-provisioned content (`spec.source.snapshotHandle`): ListSnapshots(snapshot_id) fills the
-  status; secrets from the class's `snapshotter-list-secret-*`, else its snapshotter secret, else
-  the deletion-secret annotations.
-- deletion (deletionTimestamp, and the snapshot-controller's `volumesnapshot-being-deleted`
-  annotation, or an unbound pre-provisioned content): policy Delete → DeleteSnapshot with the
-  secret named by the `deletion-secret-*` annotations, status cleared; then (both policies) the
-  `volumesnapshotcontent-bound-protection` finalizer is removed.
-- failures: status.error {time, message} and a Warning event on the content.
+"""One VolumeSnapshotContent of this driver → CreateSnapshot / ListSnapshots / DeleteSnapshot, as
+csi-snapshotter (v8) does it; failures set status.error and a Warning event. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

@@ -1,18 +1,6 @@
-"""The snapshotter's leader-only loop: VolumeSnapshotContent events → one work queue → workers.
-
-Keys are content names (contents are cluster-scoped). Rate-limited per key like the
-provisioner's queues (--retry-interval-start doubling to --retry-interval-max), which also paces
-the readiness re-checks of snapshots that are not ready yet. One start → stop is one leadership
-term; the informer replays every cached content to a new leader, and a resync re-delivers them
-every `resync` seconds (csi-snapshotter: --resync 15 min).
-
-The content informer belongs to this loop, not to the shared factory: a cluster without the
-snapshot CRDs must not hold the provisioner and attacher back (the factory's informers gate
-every loop's start). The informer is started only once discovery serves VolumeSnapshotContents:
-until then the loop logs one warning and asks discovery again every `discovery_interval`
-seconds (one small GET), so it starts its workers soon after the CRDs appear. Waiting happens on
-a thread of its own that watches the term's stop event, so start and stop never block on it
-(stop must finish within the leader elector's fence deadline).
+"""The snapshotter's leader-only loop: VolumeSnapshotContent events → one work queue → workers. Its
+informer is its own and starts only once discovery serves VolumeSnapshotContents; start and stop
+never block on that wait. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 
