@@ -5,7 +5,7 @@ INVALID_ARGUMENT, and the driver's log never holds a passphrase."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -19,26 +19,13 @@ from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.helpers import MiB, block_cap, create_request, image_of, journal_entries, until_ok
 from tests.integration.controller.snapshot_helpers import delete_all, from_snapshot, from_volume, snapshot_request
 from tests.integration.driver import DriverProcess
+from tests.integration.encryption.conftest import KmsController
 from tests.unit.encryption.test_wrap import go_unwrap, go_wrap
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
 
 KEK = "kek-passphrase-for-tests"
 DEFAULT_PASS = "default-luks-passphrase"
-
-
-@pytest.fixture(scope="module")
-def kms_driver(ceph_cluster: CephTestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DriverProcess]:
-    where = tmp_path_factory.mktemp("kms")
-    config = ceph_cluster.write_config(where / "config.json")
-    kms = where / "kms.json"
-    kms.write_text(json.dumps({"meta": {"encryptionKMSType": "metadata"}, "odd": {"encryptionKMSType": "kmip"}}))
-    process = DriverProcess(config, mode="controller", args=[f"--kms-config={kms}"])
-    process.start()
-    try:
-        yield process
-    finally:
-        process.cleanup()
 
 
 def meta(cluster: CephTestCluster, image: str) -> dict[str, str]:
@@ -143,14 +130,11 @@ def test_bad_encryption_is_invalid_argument(kms_driver: DriverProcess, ceph_clus
 
 
 @pytest.mark.parametrize("point", ["create.after-image", "create.after-key"])
-def test_a_create_killed_around_the_key_is_settled_by_its_retry(ceph_cluster: CephTestCluster, tmp_path: Path,
+def test_a_create_killed_around_the_key_is_settled_by_its_retry(ceph_cluster: CephTestCluster, kms_controller: Callable[..., KmsController],
                                                                 point: str) -> None:
     """Killed after the image but before its passphrase (or after it, before the answer): the
     retry finds the image, gives it a passphrase or keeps the one it has, and answers."""
-    config = ceph_cluster.write_config(tmp_path / "config.json")
-    kms = tmp_path / "kms.json"
-    kms.write_text(json.dumps({"meta": {"encryptionKMSType": "metadata"}}))
-    args = [f"--kms-config={kms}", "--journal-lock-timeout=2s"]
+    config, args = kms_controller()
     name = f"pvc-enc-kill-{point.rsplit('-', 1)[1]}"
     request = encrypted_request(ceph_cluster, name)
     doomed = DriverProcess(config, mode="controller", args=args, env={"CEPHCSI_FAILPOINTS": point})
@@ -179,15 +163,12 @@ def test_a_create_killed_around_the_key_is_settled_by_its_retry(ceph_cluster: Ce
         retry.cleanup()
 
 
-def test_a_clone_keeps_the_state_its_data_was_cut_with(ceph_cluster: CephTestCluster, tmp_path: Path) -> None:
+def test_a_clone_keeps_the_state_its_data_was_cut_with(ceph_cluster: CephTestCluster, kms_controller: Callable[..., KmsController]) -> None:
     """A clone cut while its source was still blank ("encryptionPrepared"), whose create was
     killed before the key step, while the source was then formatted by a node ("encrypted"):
     the retry keeps the clone "encryptionPrepared" (what librbd copied with its data), so its
     first stage formats it instead of refusing a device without a LUKS header for ever."""
-    config = ceph_cluster.write_config(tmp_path / "config.json")
-    kms = tmp_path / "kms.json"
-    kms.write_text(json.dumps({"meta": {"encryptionKMSType": "metadata"}}))
-    args = [f"--kms-config={kms}", "--journal-lock-timeout=2s"]
+    config, args = kms_controller()
     retry = DriverProcess(config, mode="controller", args=args)
     retry.start()
     try:

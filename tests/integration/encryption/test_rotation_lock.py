@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -23,24 +22,11 @@ from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.helpers import image_of, until_ok
 from tests.integration.controller.snapshot_helpers import delete_all, from_volume, snapshot_request
 from tests.integration.driver import DriverProcess
+from tests.integration.encryption.conftest import KmsController
 from tests.integration.encryption.test_controller_keys import KEK, encrypted_request, meta
 from tests.integration.encryption.vault_server import VaultServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
-
-
-@pytest.fixture(scope="module")
-def driver(ceph_cluster: CephTestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DriverProcess]:
-    where = tmp_path_factory.mktemp("rotlock")
-    config = ceph_cluster.write_config(where / "config.json")
-    kms = where / "kms.json"
-    kms.write_text(json.dumps({"meta": {"encryptionKMSType": "metadata"}}))
-    process = DriverProcess(config, mode="controller", args=[f"--kms-config={kms}"])
-    process.start()
-    try:
-        yield process
-    finally:
-        process.cleanup()
 
 
 def rotate_lock(cluster: CephTestCluster, volume_id: str, seconds: int) -> None:
@@ -66,9 +52,9 @@ def snap_request(cluster: CephTestCluster, volume_id: str, name: str) -> csi_pb2
     return request
 
 
-def test_a_snapshot_waits_for_a_rotation_then_gives_up_with_aborted(driver: DriverProcess,
+def test_a_snapshot_waits_for_a_rotation_then_gives_up_with_aborted(kms_driver: DriverProcess,
                                                                    ceph_cluster: CephTestCluster) -> None:
-    ctl = driver.controller
+    ctl = kms_driver.controller
     volume = ctl.CreateVolume(encrypted_request(ceph_cluster, "pvc-rotlock-1")).volume
 
     # A rotation holding the lock longer than the controller waits: ABORTED, after the wait.
@@ -103,17 +89,14 @@ def test_a_snapshot_waits_for_a_rotation_then_gives_up_with_aborted(driver: Driv
     assert secrets_kms.unwrap(KEK, snapshot.snapshot_id, dek, "t") == \
         secrets_kms.unwrap(KEK, volume.volume_id, source_dek, "t")
     assert lockers(ceph_cluster, volume.volume_id) == []
-    delete_all(driver, ceph_cluster, [snapshot.snapshot_id], [volume.volume_id])
+    delete_all(kms_driver, ceph_cluster, [snapshot.snapshot_id], [volume.volume_id])
     # DeleteVolume took the lock's empty object with the volume.
     assert volume.volume_id not in objects(ceph_cluster)
 
 
 def test_a_controller_killed_holding_the_lock_leaves_one_that_lapses(ceph_cluster: CephTestCluster,
-                                                                     tmp_path: Path) -> None:
-    config = ceph_cluster.write_config(tmp_path / "config.json")
-    kms = tmp_path / "kms.json"
-    kms.write_text(json.dumps({"meta": {"encryptionKMSType": "metadata"}}))
-    args = [f"--kms-config={kms}", "--journal-lock-timeout=2s"]
+                                                                     kms_controller: Callable[..., KmsController]) -> None:
+    config, args = kms_controller()
     plain = DriverProcess(config, mode="controller", args=args)
     plain.start()
     try:
@@ -150,11 +133,11 @@ def test_a_controller_killed_holding_the_lock_leaves_one_that_lapses(ceph_cluste
         retry.cleanup()
 
 
-def test_a_clone_of_an_encrypted_volume_waits_for_a_rotation(driver: DriverProcess,
+def test_a_clone_of_an_encrypted_volume_waits_for_a_rotation(kms_driver: DriverProcess,
                                                              ceph_cluster: CephTestCluster) -> None:
     """Clone to key copy under the source's rotation lock too: ABORTED while a rotation holds it,
     done once it lapses."""
-    ctl = driver.controller
+    ctl = kms_driver.controller
     volume = ctl.CreateVolume(encrypted_request(ceph_cluster, "pvc-rotlock-src")).volume
     request = from_volume(ceph_cluster, volume.volume_id, name="pvc-rotlock-clone")
     request.parameters.update(encrypted="true", encryptionKMSID="meta")
@@ -174,7 +157,7 @@ def test_a_clone_of_an_encrypted_volume_waits_for_a_rotation(driver: DriverProce
     assert secrets_kms.unwrap(KEK, clone.volume_id, clone_dek, "t") == \
         secrets_kms.unwrap(KEK, volume.volume_id, source_dek, "t")
     assert lockers(ceph_cluster, volume.volume_id) == []
-    delete_all(driver, ceph_cluster, [], [clone.volume_id, volume.volume_id])
+    delete_all(kms_driver, ceph_cluster, [], [clone.volume_id, volume.volume_id])
 
 
 def rotate_in_metadata(cluster: CephTestCluster, volume_id: str) -> tuple[str, str]:
@@ -215,16 +198,13 @@ def break_dead_controllers_lock(cluster: CephTestCluster, volume_id: str) -> Non
 
 
 @pytest.mark.parametrize("copy", ["snapshot", "clone"])
-def test_a_rotation_after_a_killed_cut_does_not_reach_the_copy(ceph_cluster: CephTestCluster, tmp_path: Path,
+def test_a_rotation_after_a_killed_cut_does_not_reach_the_copy(ceph_cluster: CephTestCluster, kms_controller: Callable[..., KmsController],
                                                                copy: str) -> None:
     """A controller killed between the cut and the key copy, its lock lapsed, then the source's
     key rotated (metadata KMS): the retry gives the copy the passphrase its header was cut with
     (the wrapped one librbd carried into the copy), not the source's new one, with which the
     copy's LUKS header would never open."""
-    config = ceph_cluster.write_config(tmp_path / "config.json")
-    kms = tmp_path / "kms.json"
-    kms.write_text(json.dumps({"meta": {"encryptionKMSType": "metadata"}}))
-    args = [f"--kms-config={kms}", "--journal-lock-timeout=2s"]
+    config, args = kms_controller()
     retry = DriverProcess(config, mode="controller", args=args)
     retry.start()
     try:
@@ -299,18 +279,16 @@ def test_confirm_fails_once_the_lock_lapsed_even_if_nobody_took_it(admin_io: rad
     ceph_cluster.admin("rados", "--pool", ceph_cluster.pool, "rm", volume_id)
 
 
-def test_a_vault_snapshot_killed_after_its_cut_is_cut_again(ceph_cluster: CephTestCluster, tmp_path: Path,
+def test_a_vault_snapshot_killed_after_its_cut_is_cut_again(ceph_cluster: CephTestCluster,
+                                                           kms_controller: Callable[..., KmsController],
                                                            vault_server: VaultServer) -> None:
     """vault keeps only a volume's current passphrase, so a retry cannot know which one an earlier
     attempt's cut (killed, its lock lapsed, a rotation since) opens with: it removes that cut and
     cuts again under its own lock, and gives the new cut the source's passphrase now."""
     token = vault_server.create_token(VAULT_POLICY, "cephcsi-rotcut")
-    config = ceph_cluster.write_config(tmp_path / "config.json")
-    kms = tmp_path / "kms.json"
-    kms.write_text(json.dumps({"vault-rot": {
+    config, args = kms_controller({"vault-rot": {
         "encryptionKMSType": "vault", "vaultAddress": vault_server.address, "vaultBackend": "kv-v2",
-        "vaultBackendPath": "secret/", "vaultPassphrasePath": "rotcut/"}}))
-    args = [f"--kms-config={kms}", "--journal-lock-timeout=2s"]
+        "vaultBackendPath": "secret/", "vaultPassphrasePath": "rotcut/"}})
     env = {"VAULT_TOKEN": token}
     retry = DriverProcess(config, mode="controller", args=args, env=env)
     retry.start()
@@ -362,12 +340,12 @@ def vault_kept(server: VaultServer, volume_id: str) -> str | None:
     return str(body["data"]["data"]["data"]["passphrase"])
 
 
-def test_delete_leaves_a_held_rotation_lock_object(driver: DriverProcess, ceph_cluster: CephTestCluster) -> None:
+def test_delete_leaves_a_held_rotation_lock_object(kms_driver: DriverProcess, ceph_cluster: CephTestCluster) -> None:
     """A rotation holding the lock of a volume being deleted keeps the object (and its lock): the
     delete never pulls it from under a holder."""
-    volume = driver.controller.CreateVolume(encrypted_request(ceph_cluster, "pvc-rotlock-held-delete")).volume
+    volume = kms_driver.controller.CreateVolume(encrypted_request(ceph_cluster, "pvc-rotlock-held-delete")).volume
     rotate_lock(ceph_cluster, volume.volume_id, 60)
-    delete_all(driver, ceph_cluster, [], [volume.volume_id])
+    delete_all(kms_driver, ceph_cluster, [], [volume.volume_id])
     assert volume.volume_id in objects(ceph_cluster)
     assert [str(locker["cookie"]) for locker in lockers(ceph_cluster, volume.volume_id)] == ["rotate-key test-node"]
     ceph_cluster.admin("rados", "--pool", ceph_cluster.pool, "rm", volume.volume_id)

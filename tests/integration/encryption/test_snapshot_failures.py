@@ -11,16 +11,15 @@ from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.pool_state import read_pool, trashed_images, wait_for_pool
 from tests.integration.controller.snapshot_helpers import snapshot_request
 from tests.integration.driver import DriverProcess
-from tests.integration.encryption.test_rotation_lock import driver  # noqa: F401  (the module's driver)
 from tests.integration.encryption.test_controller_keys import KEK, encrypted_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
 
 
-def test_a_snapshot_refused_for_its_key_leaves_no_clone(driver: DriverProcess,  # noqa: F811
+def test_a_snapshot_refused_for_its_key_leaves_no_clone(kms_driver: DriverProcess,
                                                         ceph_cluster: CephTestCluster) -> None:
     baseline = read_pool(ceph_cluster)
-    ctl = driver.controller
+    ctl = kms_driver.controller
     volume = ctl.CreateVolume(encrypted_request(ceph_cluster, "pvc-snapfail-1")).volume
     request = snapshot_request(ceph_cluster, volume.volume_id, name="snap-snapfail-1")  # no encryptionPassphrase
     with pytest.raises(grpc.RpcError) as caught:
