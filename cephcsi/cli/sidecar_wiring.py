@@ -297,6 +297,10 @@ def _reclaimspace(parts: _Parts) -> ReclaimSpaceLoop:
         claims=parts.factory.persistent_volume_claims(),
         volumes=parts.factory.persistent_volumes(),
         classes=parts.factory.storage_classes(),
+        # csi-addons' namespace-level schedule (claim > namespace > class); the loop's own
+        # informer, outside the factory, so a missing RBAC grant cannot hold back every loop.
+        namespaces=Informer(k8s.CoreV1Api(parts.api_client).list_namespace, name="namespaces",
+                            settings=parts.factory.settings),
         api=parts.api,
         writer=ReclaimApi(parts.api_client),
         events=parts.clients.events,

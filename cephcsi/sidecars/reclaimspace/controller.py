@@ -1,7 +1,8 @@
 """The reclaim-space schedule loop (controller leader only).
 
 Every --reclaimspace-poll-interval it walks the claims in the informer cache (no API reads for
-that), and for each one whose schedule is due (cephcsi.sidecars.reclaimspace.due):
+that; the schedule comes from the claim, its Namespace or its StorageClass, all cached), and for
+each one whose schedule is due (cephcsi.sidecars.reclaimspace.due):
 1. sparsifies the volume's image (cephcsi.volumes.reclaim.sparsify_volume: skipped while another
    client watches the image, as ceph-csi's ControllerReclaimSpace does), through the CSI call
    pool, so --timeout bounds the wait and a retry joins a call still running;
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,6 +50,8 @@ from cephcsi.sidecars.reclaimspace.api import ReclaimApi
 from cephcsi.volumes import reclaim
 
 log = logging.getLogger(__name__)
+_NAMESPACES_PATIENCE = 60.0
+"""Seconds the Namespace informer may take to list before a warning says why claims wait."""
 
 Sparsify = Callable[[str, Credentials], sparsify.Sparsified]
 
@@ -65,6 +69,11 @@ class ReclaimContext:
     sparsify: Sparsify
     poll_interval: float = 60.0
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    namespaces: Informer | None = None
+    """Namespaces, for their schedule annotation (None: only claims' and classes' schedules).
+    This loop's own informer, started with the loop and not one of the factory's: the factory's
+    all gate every controller loop on their sync, and an install whose ClusterRole predates the
+    namespaces grant would never sync it (provisioning would stop for the sake of a schedule)."""
 
 
 class ReclaimSpaceLoop:
@@ -76,9 +85,17 @@ class ReclaimSpaceLoop:
         """(claim uid, schedule) already reported as unreadable: one Warning, not one per poll."""
         self._unrecorded: dict[str, _Record] = {}
         """Claim uid → the run whose record (patch and event) has not been written yet."""
+        self._namespaces_since = 0.0
+        """Monotonic time the Namespace informer was started (0: not yet)."""
+        self._namespaces_warned = False
 
     def start(self, stop: threading.Event) -> None:
         self._stop = stop
+        if self.ctx.namespaces is not None and not self._namespaces_since:
+            # Kept across leadership terms (an Informer does not restart after stop()); its
+            # threads are daemons that end with the process.
+            self.ctx.namespaces.start()
+            self._namespaces_since = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="reclaimspace", daemon=True)
         self._thread.start()
         log.info("reclaim-space schedule started", extra=fields(poll_seconds=self.ctx.poll_interval))
@@ -105,6 +122,7 @@ class ReclaimSpaceLoop:
         done: list[str] = []
         claims = sorted(ctx.claims.list(), key=objects.key)
         present = {objects.uid(claim) for claim in claims}
+        namespace_of = self._namespace_lookup()
         for uid in [uid for uid in self._unrecorded if uid not in present]:
             del self._unrecorded[uid]  # the claim is gone: nothing to record on
         for claim in claims:
@@ -115,13 +133,32 @@ class ReclaimSpaceLoop:
                 if self._record(pending):
                     done.append(pending.claim_key)
                 continue  # recorded now, or still not: either way not run again this pass
-            decision = due.decide(claim, ctx.driver_name, _getter(ctx.volumes), _getter(ctx.classes), now)
+            decision = due.decide(claim, ctx.driver_name, _getter(ctx.volumes), _getter(ctx.classes), now,
+                                  namespace_of=namespace_of)
             if isinstance(decision, due.Refused):
                 self._refuse(decision)
             elif isinstance(decision, due.Due):
                 if self._run_one(decision, now):
                     done.append(decision.claim_key)
         return done
+
+    def _namespace_lookup(self) -> due.KubeLookup | None:
+        """The Namespace lookup for this pass; None until the Namespace informer has its first
+        list: a claim without its own schedule waits meanwhile, as its Namespace's may override
+        its class's, so running on the class's could be the wrong schedule."""
+        ctx = self.ctx
+        if ctx.namespaces is None:
+            return _nothing
+        if ctx.namespaces.has_synced():
+            return _getter(ctx.namespaces)
+        if (not self._namespaces_warned and self._namespaces_since
+                and time.monotonic() - self._namespaces_since > _NAMESPACES_PATIENCE):
+            self._namespaces_warned = True
+            log.warning("reclaim space: Namespaces cannot be listed yet, so claims scheduled by their Namespace or "
+                        "StorageClass wait (claims with their own schedule still run); grant the controller "
+                        "get/list/watch on namespaces (deploy/controller-rbac.yaml)",
+                        extra=fields(waited_seconds=round(time.monotonic() - self._namespaces_since)))
+        return None
 
     def _refuse(self, refused: due.Refused) -> None:
         marker = (objects.uid(refused.claim), refused.schedule)
@@ -195,6 +232,10 @@ class _Record:
     outcome: str
     event_type: str
     message: str
+
+
+def _nothing(name: str) -> Mapping[str, Any] | None:
+    return None
 
 
 def _getter(informer: Informer) -> Callable[[str], Mapping[str, Any] | None]:

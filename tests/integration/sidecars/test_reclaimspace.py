@@ -1,6 +1,6 @@
 """The reclaim-space schedule loop on the real control plane and Ceph: a real `cephcsi
---mode=controller` finds the claims whose csi-addons schedule annotation (on the claim or its
-StorageClass) is due, sparsifies their images (zeros written through librbd come back: `rbd du`
+--mode=controller` finds the claims whose csi-addons schedule annotation (on the claim, its
+Namespace or its StorageClass, in that order) is due, sparsifies their images (zeros written through librbd come back: `rbd du`
 drops), skips an image another client watches and an encrypted one (its image metadata says so,
 as ceph-csi's layout has it), records each run on the claim (last-run, last-result, an Event)
 and does not run it again before the schedule's next time; a claim without a schedule is left
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime, timedelta
+
 import pytest
 import rados
 import rbd
@@ -111,5 +113,39 @@ def test_due_claims_are_sparsified_and_recorded(env: Env, start_controllers: Sta
         assert LAST_RUN not in notes(env, ns, "not-yet")
         assert du(env.ceph, images["none"]) == du(env.ceph, images["not-yet"]) == du(env.ceph, images["busy"]) == 8 * MiB
         assert reasons(env, ns, "none").count("ReclaimSpaceScheduleInvalid") == 1
+    for name in images:
+        env.kube.delete_pvc(ns, name)
+
+
+def test_a_namespace_schedule_applies_between_the_claims_and_the_classes(
+        env: Env, start_controllers: StartControllers, kube_namespace: str) -> None:
+    """csi-addons' order: the Namespace's schedule beats the StorageClass's, the claim's own beats
+    the Namespace's; the Namespace is read from the leader's informer, so annotating it later is
+    seen without a restart."""
+    ns = kube_namespace
+    yearly_class = env.kube.create_storage_class(env.ceph, env.secret, prefix=new_prefix())
+    env.kube.storage.patch_storage_class(yearly_class, {"metadata": {"annotations": {SCHEDULE: "@yearly"}}})
+    # Ran two hours ago: not due again under @yearly (it is not new year), due under @hourly.
+    earlier = (datetime.now(UTC) - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    start_controllers(args=["--reclaimspace-poll-interval=1s"])
+    images = {
+        "by-namespace": bound_image(env, ns, "by-namespace", yearly_class, {LAST_RUN: earlier}),
+        "own": bound_image(env, ns, "own", yearly_class, {LAST_RUN: earlier, SCHEDULE: "@yearly"}),
+    }
+    with admin_ioctx(env.ceph) as io:
+        for image in images.values():
+            write_zeros(io, image, 8 * MiB)
+    time.sleep(3)  # a few polls: the class's (and the claim's own) @yearly is not due
+    assert {name: notes(env, ns, name)[LAST_RUN] for name in images} == dict.fromkeys(images, earlier)
+
+    env.kube.core.patch_namespace(ns, {"metadata": {"annotations": {SCHEDULE: "@hourly"}}})
+    wait_for("the namespace-scheduled claim's run",
+             lambda: notes(env, ns, "by-namespace").get(LAST_RUN, earlier) != earlier, timeout=60)
+    assert notes(env, ns, "by-namespace")[RESULT] == f"reclaimed {8 * MiB}"
+    assert du(env.ceph, images["by-namespace"]) == 0
+    time.sleep(2)
+    # The claim's own schedule still rules it: not run, its zeros still allocated.
+    assert notes(env, ns, "own")[LAST_RUN] == earlier and RESULT not in notes(env, ns, "own")
+    assert du(env.ceph, images["own"]) == 8 * MiB
     for name in images:
         env.kube.delete_pvc(ns, name)

@@ -38,6 +38,11 @@ class Store:
     def get(self, key: str) -> dict[str, Any] | None:
         return self.items.get(key)
 
+    def has_synced(self) -> bool:
+        return self.synced
+
+    synced = True
+
 
 class Recorder:
     def __init__(self) -> None:
@@ -157,3 +162,42 @@ def test_a_term_that_ends_mid_call_records_nothing() -> None:
 
     recorder = run_pass(sparsify, ["a", "b"], stop=stop)
     assert recorder.patches == [] and recorder.events == []
+
+
+def test_the_loop_reads_the_claims_namespace_from_its_informer() -> None:
+    sparsified: list[str] = []
+
+    def sparsify(volume_id: str, credentials: Credentials) -> Sparsified:
+        sparsified.append(volume_id)
+        return Sparsified("img", in_use=False, used_before=0, used_after=0)
+
+    recorder = Recorder()
+    loop = make_loop(sparsify, ["a"], recorder)
+    assert recorder.claims is not None
+    del recorder.claims.items["ns/a"]["metadata"]["annotations"][reclaim.SCHEDULE_ANNOTATION]
+    assert loop.reconcile() == [] and sparsified == []  # no schedule anywhere, no Namespace informer
+    loop.ctx.namespaces = cast(Informer, Store({"ns": {"metadata": {"name": "ns", "annotations": {
+        reclaim.SCHEDULE_ANNOTATION: "@daily"}}}}))
+    assert loop.reconcile() == ["ns/a"] and sparsified == ["vol-a"]
+
+
+def test_until_namespaces_are_listed_only_claims_with_their_own_schedule_run() -> None:
+    sparsified: list[str] = []
+
+    def sparsify(volume_id: str, credentials: Credentials) -> Sparsified:
+        sparsified.append(volume_id)
+        return Sparsified("img", in_use=False, used_before=0, used_after=0)
+
+    recorder = Recorder()
+    loop = make_loop(sparsify, ["own", "by-class"], recorder)
+    assert recorder.claims is not None
+    del recorder.claims.items["ns/by-class"]["metadata"]["annotations"][reclaim.SCHEDULE_ANNOTATION]
+    loop.ctx.classes = cast(Informer, Store({"sc": {"metadata": {"name": "sc", "annotations": {
+        reclaim.SCHEDULE_ANNOTATION: "@daily"}}}}))
+    namespaces = Store({"ns": {"metadata": {"name": "ns"}}})
+    namespaces.synced = False  # e.g. a ClusterRole without the namespaces grant
+    loop.ctx.namespaces = cast(Informer, namespaces)
+    # by-class waits: its Namespace, not known yet, may name another schedule than its class.
+    assert loop.reconcile() == ["ns/own"] and sparsified == ["vol-own"]
+    namespaces.synced = True
+    assert loop.reconcile() == ["ns/by-class"] and sparsified == ["vol-own", "vol-by-class"]
