@@ -1,27 +1,6 @@
-"""The snapshot journal's rules: pure, like cephcsi.audit.classify, whose rules they reuse.
-
-The snapshot journal (`csi.snaps.<instance>` → `csi.snap.<uuid>` → `csi-snap-<uuid>`) has the
-volume journal's shape and crash-safe step order (cephcsi.volumes.snapshots), so a killed
-CreateSnapshot or DeleteSnapshot leaves the same debris a volume call does: it is judged by
-the same rules, on a view of the snapshot that puts the snapshot journal where the volume
-journal was. Two shapes only snapshots and clones leave are judged here besides:
-
-- a temporary `cephcsi-tmp-<uuid>` RBD snapshot on a volume (a CreateSnapshot or clone killed
-  between cutting it and removing it): whoever next holds the volume's lease removes it
-  (the next snapshot or clone of the volume, its DeleteVolume; the killed call's own retry or
-  DeleteSnapshot too), so it is reported with that said, and repaired under the same lease;
-- a snapshot image without its restore point (a CreateSnapshot killed after the clone): only a
-  retry of that request finishes it, which the audit cannot tell from a request given up, so
-  it is reported, never repaired.
-
-Neither is reported while a call holds the lease that guards it: that call is the one
-making or removing it.
-
-With VolumeSnapshotContents read (`--kubeconfig`, snapshot CRDs installed), they are to
-snapshots what PersistentVolumes are to volumes: a content whose snapshot is gone and a
-journaled snapshot no content names are reported, never repaired (contents are the CO's, and
-a snapshot may have been made outside Kubernetes), and no repair touches the journal entry or
-image of a snapshot a content names.
+"""The snapshot journal's rules, temporary snapshots, unfinished snapshot images and
+VolumeSnapshotContents: pure, judged with the journal rules (cephcsi.audit.journal_rules) on a
+view that puts the snapshot journal in the volume journal's place. Design: docs/design/audit.md.
 """
 from __future__ import annotations
 

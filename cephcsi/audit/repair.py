@@ -1,20 +1,6 @@
-"""`--repair`: fix what is provably this driver's and safe to fix, one finding at a time.
-
-Every repair runs under the entry's cross-process journal lock (`Journal.locked`), the same
-lock the driver's calls hold: a volume's (CreateVolume, DeleteVolume, and every snapshot or
-clone while it cuts a temporary snapshot on it) or a snapshot's (CreateSnapshot,
-DeleteSnapshot). It re-reads the state under it first: the snapshot
-may have caught a create or delete in flight, and the driver may have finished it since. What
-the re-check no longer finds is reported as resolved, never "fixed" blindly.
-
-Data is never destroyed by a repair: a partial create has no header (so no data), a trash
-entry is purged only when the driver had already decided to delete it (it is in the trash
-under our name), a record is removed only once its image is gone or queued for purging, and
-an orphan image goes to the trash with a deferment (recoverable with `rbd trash restore`) and
-only with `--repair-orphan-images`; an image that clones read through (a snapshot image with
-restored volumes) is never moved or removed. A temporary snapshot is removed only under its
-volume's lease, as the driver's own sweep does; if a clone reads through it, it moves to the
-trash namespace and stays as long as that clone needs it.
+"""`--repair`: fix what is provably this driver's and safe to fix, one finding at a time, each under
+its entry's journal lock and after re-reading the state; what is gone by then is reported as
+resolved. No repair destroys data. Design: docs/design/audit.md.
 """
 from __future__ import annotations
 

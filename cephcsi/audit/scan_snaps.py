@@ -1,11 +1,5 @@
-"""The reads the snapshot rules need beyond the journal: each live image's RBD snapshots (which
-show restore points, temporary snapshots and clone parents) and which journal leases a call
-holds right now. Read-only, like cephcsi.audit.scan.
-
-Both are read from RADOS objects, not through librbd: an image open costs about a dozen RADOS
-operations (and one per parent in its chain), while the header's omap answers in one, so a
-pool of thousands of volumes is still read in seconds. Any repair re-checks through librbd
-under the lease.
+"""The reads the snapshot rules need beyond the journal: each live image's RBD snapshots and which
+journal leases a call holds now, from RADOS objects rather than librbd. Read-only. Design: docs/design/audit.md.
 """
 from __future__ import annotations
 

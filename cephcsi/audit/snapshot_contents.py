@@ -1,11 +1,5 @@
-"""The VolumeSnapshotContents of this driver that name a snapshot of the audited pool (read-only).
-
-A snapshot handle has a volume id's layout (cephcsi.volumes.volume_id: cluster id, pool id,
-journal uuid), so contents are filtered the way cephcsi.audit.pvs filters PVs. The handle is in
-`status.snapshotHandle` once the snapshotter made the snapshot, in `spec.source.snapshotHandle`
-for a pre-provisioned content. A dynamic content whose snapshot is still being made has no
-handle yet: it is kept, by the request name the snapshotter creates it under, when its source
-volume is in this pool (a snapshot is made in its source's pool).
+"""The VolumeSnapshotContents of this driver that name a snapshot of the audited pool (read-only),
+filtered by the handle's volume-id layout. Design: docs/design/audit.md.
 """
 from __future__ import annotations
 

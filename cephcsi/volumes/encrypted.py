@@ -1,12 +1,6 @@
-"""The controller's half of encrypted volumes (issue 33): a new volume's passphrase, a clone's or
-restore's copy of its source's, and the KMS's copy removed after a delete. What is kept where is
-cephcsi.encryption.volume_keys' (ceph-csi's layout); this module decides when, inside the
-CreateVolume/DeleteVolume flows and under their journal lease.
-
-Sources: a volume's journal record names its KMS (csi.volume.encryptKMS, as ceph-csi writes it),
-and its image's metadata its state. librbd's clone copies the parent's metadata, so a snapshot
-image cephcsi cut from an encrypted volume carries that volume's wrapped passphrase, wrapped for
-the volume's id; one ceph-csi cut carries it re-wrapped for the snapshot's own id. Both are tried.
+"""The controller's half of encrypted volumes: a new volume's passphrase, a clone's or restore's
+copy of its source's, and the KMS's copy removed after a delete; called inside the CreateVolume
+and DeleteVolume flows, under their journal lease. Design: docs/design/controller.md.
 """
 from __future__ import annotations
 

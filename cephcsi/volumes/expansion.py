@@ -1,32 +1,6 @@
-"""ControllerExpandVolume's storage logic: grow a volume's image to the requested size, never
-shrink it.
-
-Crash safety and idempotency: the size lives only in the image header and growing it is one
-librbd operation, so there is nothing to journal. A retry after a crash at any point finds the
-image either at its old size (and grows it) or already grown (and answers OK with the size it
-has), so a repeated call always converges on one image of at least the requested size.
-
-Exclusion: the call holds the same two locks as DeleteVolume — the per-volume in-process
-KeyLocks (a second call on a busy volume gets ABORTED at once) and the journal lease on the
-volume's record (so another controller process's delete, e.g. an old leader's, cannot run
-between our lookup and the resize). The lease is taken only if the record object exists, and
-the record is read in the same round trip: an id whose record does not exist is answered
-NOT_FOUND without creating a lock object for it.
-
-One image open: the checks and the resize share the read-write open that resizes
-(cephcsi.ceph.resize.grow). Its handle is bound to the image's id, so the image whose id is
-compared with the journal's csi.imageid (an image that is not the volume's is never grown) and
-whose size decides the call (grow, answer a repeat, or refuse a shrink) is the image the resize
-changes; nothing can slip in between the look and the act, which two opens (a read-only stat,
-then the read-write resize) could only promise through the lease. A repeated call therefore
-costs a read-write open with its short-lived watch, instead of a read-only one, and no resize.
-
-After the resize (and on a repeated call), capacity-scaled QoS limits are recomputed from the
-policy stored on the image (cephcsi.volumes.modify.rescale): two small reads when the volume has
-no QoS, a write only when a limit changes.
-
-Sizes are rounded up to whole MiB exactly as CreateVolume rounds them, so an expansion to the
-size a CreateVolume would have allocated is a no-op, and the size answered is what the image has.
+"""ControllerExpandVolume's storage logic: grow a volume's image to the requested size (rounded up
+to whole MiB as CreateVolume rounds), never shrink it. Idempotent and crash-safe; holds the
+volume's KeyLocks (busy → ABORTED) and journal lease; an unknown id is NOT_FOUND. Design: docs/design/controller.md.
 """
 from __future__ import annotations
 

@@ -1,23 +1,5 @@
-"""The flatten policy: how deep clone chains and how many snapshots per image are allowed.
-
-Every CSI snapshot and every restored or cloned volume is an RBD clone, so reads of a new
-image go through its parents until they are flattened. The knobs are ceph-csi's, with one
-difference: no request ever waits for a flatten or fails because one is pending. Flattens are
-mgr tasks (`rbd task add flatten`) that run in the background and are retried by the mgr;
-the policy only decides *when to queue them*:
-
-- an image (snapshot image, restored or cloned volume) deeper than `soft_depth` is queued for
-  flattening right after it is created;
-- a snapshot whose image is deeper than `hard_depth` is reported `ready_to_use=false` until
-  its flatten has finished (the point in time is already captured; the CO waits for
-  readiness before restoring from it, so chains through snapshots never exceed the limit);
-- a source image with at least `min_snapshots` snapshots has the children of its oldest
-  snapshots flattened, so its snapshot count returns below `min_snapshots` (each CSI snapshot
-  or clone leaves one on the source until its child is flattened or deleted). A child that
-  was deleted but waits in the RBD trash for its own clones (a deleted snapshot with restored
-  volumes) cannot be flattened by name, so its clones are flattened instead, which lets
-  librbd purge it. At `max_snapshots` the count is over budget and this is logged as a
-  warning — the request still succeeds, since the flattens already queued bring it down.
+"""The flatten policy: how deep clone chains and how many snapshots per image are allowed, and when
+to queue mgr flatten tasks. No request waits for a flatten or fails because one is pending. Design: docs/design/controller.md.
 """
 from __future__ import annotations
 

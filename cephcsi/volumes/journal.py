@@ -1,36 +1,8 @@
-"""The idempotency journal: request names → object uuids → images, in RADOS omaps.
-
-Layout (compatible with ceph-csi's, so its volumes can be found and deleted here):
-
-    csi.volumes.<instance>    directory   key  csi.volume.<request name> = <uuid>
-    csi.volume.<uuid>         record      keys csi.volname, csi.imagename, csi.imageid, ...
-
-Snapshots use the same two-level shape under csi.snaps.<instance> / csi.snap.<uuid>
-(`SNAPSHOTS`), so clones and snapshots reuse this code unchanged.
-
-Crash safety comes from the order of steps, each one atomic RADOS op:
-
-    create:  directory key (set-if-absent)  →  record (exclusive create)  →  image  →  image id
-    delete:  image (to trash, purge)  →  directory key (remove-if-ours)  →  record
-
-(A new image the driver writes itself gets its id planned in the record, `PLANNED_IMAGE_ID`,
-so the record names every object of the image before any exists.)
-
-A retry after a crash between any two steps finds the earlier steps' results and completes the
-rest: the directory key is written first, so there is never a record or image without a name
-pointing at it, and the record is removed last, so a retried delete still knows the image's
-name. A lost race (two replicas reserving one name) is settled by set-if-absent: the loser
-adopts the winner's uuid, so one name never gets two images.
-
-Create and delete of one volume exclude each other across processes with a cls_lock on the
-record object (`locked`), held from the record to the image id (create) and from the image
-to the record's removal (delete). A create of a new image answers before the last step: the
-image id is journaled, the image's owner metadata written (kept in the record meanwhile: see
-`PENDING_METADATA`), and the lock released, right after (`Hold.journal_image_id_behind`).
-The lock lives on the record because cls_lock creates the object it locks and leaves an xattr
-behind after unlock: on the record, both go away with it.
-A lock left by a process that was killed expires after `lock_seconds`; until then the
-volume's calls answer ABORTED, which a CO retries.
+"""The idempotency journal: request names → object uuids → images, in RADOS omaps, in ceph-csi's
+layout (volumes and, with `SNAPSHOTS`, snapshots). Each step is one atomic RADOS op in a
+crash-safe order; create and delete of one entry exclude each other across processes through a
+cls_lock lease on its record (`locked`), which a killed holder's expires after `lock_seconds`
+(ABORTED meanwhile). Design: docs/design/controller.md.
 """
 from __future__ import annotations
 

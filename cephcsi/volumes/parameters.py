@@ -1,11 +1,5 @@
-"""StorageClass parameters of an RBD volume: parsed once, validated with messages that name
-the parameter, and turned into the volume context the node plugin needs.
-
-Unknown parameters are refused rather than ignored: a misspelt `imageFeatures`, or a ceph-csi
-option this driver does not implement (say `topologyConstrainedPools`), must not silently produce
-a volume other than the one asked for. Keys under `csi.storage.k8s.io/` belong to Kubernetes.
-Encryption (`encrypted`, `encryptionType`, `encryptionKMSID`) is cephcsi.encryption.spec's; the
-RBD QoS keys (`baseIops`, …) are cephcsi.volumes.qos's.
+"""StorageClass parameters of an RBD volume: parsed once, validated with messages that name the
+parameter (unknown keys refused), and turned into the volume context the node plugin needs. Design: docs/design/controller.md.
 """
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""Reclaiming space: when a volume's space is due to be given back (the schedule), and the
-controller's half of doing it (sparsify of the volume's image). docs/reclaim-space.md.
-
-The schedule is csi-addons' annotation `reclaimspace.csiaddons.openshift.io/schedule`, read on the
-claim and, when the claim has none, on its StorageClass: `@hourly`, `@daily`, `@weekly`,
-`@monthly`, `@yearly` (`@annually`), or a five-field cron expression (minute hour day-of-month
-month day-of-week; `*`, lists, ranges and `/step`; day-of-week 0-7 with 0 and 7 Sunday; when both
-day fields are restricted either one matching is enough, as cron has it). Times are UTC.
-
-A run is due when the first time the schedule names after the previous run (or, before the
-first run, after the claim was created) has passed. The previous run is recorded on the claim
-(LAST_RUN_ANNOTATION), so a new leader, or a restarted one, does not run it again; a leader
-killed between the sparsify and the record repeats one sparsify, which changes nothing.
+"""Reclaiming space: when a volume's space is due to be given back (csi-addons' schedule annotation,
+cron in UTC, the last run recorded on the claim), and the controller's half of doing it
+(sparsify of the volume's image). Design: docs/design/controller.md.
 """
 from __future__ import annotations
 

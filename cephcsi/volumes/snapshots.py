@@ -1,20 +1,6 @@
-"""CSI snapshots on RBD, idempotent by name and crash-safe, through the snapshot journal.
-
-One CSI snapshot is one *snapshot image* `csi-snap-<uuid>` (ceph-csi's layout, so the two
-drivers understand each other's snapshots): a clone v2 of the source volume at the instant of
-the snapshot, carrying an RBD snapshot of the same name that restores clone from. The snapshot
-image depends on nothing the user controls, so it outlives its source volume, and it is cut
-without copying data (~0.1-0.3 s whatever the volume's size; see docs/snapshots.md).
-
-Steps, each one atomic, in this order (a retry after a crash between any two, or inside a
-librbd call, completes the rest; DeleteSnapshot undoes any prefix of them):
-
-    journal name key → record (source, image name) → [source lease: temporary snapshot
-    cephcsi-tmp-<uuid> on the source → creation time in the record → clone → temporary
-    snapshot removed] → restore snapshot on the snapshot image → image id in the record
-
-The snapshot journal is `csi.snaps.<instance>` → `csi.snap.<uuid>` in the source's pool.
-Snapshot ids use the volume-id layout with the snapshot's uuid.
+"""CSI snapshots on RBD, idempotent by name and crash-safe, through the snapshot journal: one
+snapshot is one snapshot image `csi-snap-<uuid>` (ceph-csi's layout) carrying the restore point.
+DeleteSnapshot undoes any prefix of CreateSnapshot's steps. Design: docs/design/controller.md.
 """
 from __future__ import annotations
 

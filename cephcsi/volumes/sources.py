@@ -1,12 +1,5 @@
-"""Finding the volume or snapshot a new image is made from, and holding it still meanwhile.
-
-A snapshot or clone cuts a temporary RBD snapshot on its source volume, clones it and removes
-it. For that short span the source volume's own cross-process journal lease is held, so a
-DeleteVolume of the source (which takes the same lease) can never interleave with it: either
-the clone is finished (and the source, now a parent, waits in the trash for its children) or it
-has not started (and the source is simply gone). Since every user of a temporary snapshot
-holds the source lease while it exists, whoever holds the lease knows any temporary snapshot
-it finds is left over from a killed call and may remove it (`sweep_temporaries`).
+"""Finding the volume or snapshot a new image is made from, and holding it still meanwhile (its
+journal lease, held while a temporary snapshot exists on it). Design: docs/design/controller.md.
 """
 from __future__ import annotations
 

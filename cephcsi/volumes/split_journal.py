@@ -1,22 +1,5 @@
-"""Volumes ceph-csi journaled in one pool and created in another (its topologyConstrainedPools).
-
-cephcsi never provisions like this (the StorageClass key is refused), but it must find, grow and
-delete such volumes, and never mistake their journal entries for debris. What ceph-csi writes
-when the StorageClass `pool` (the journal pool J) differs from the pool it picked for the image
-(I), step by step (internal/journal/voljournal.go, ReserveName; internal/rbd/rbd_journal.go):
-
-    1. I: create `csi.volume.<uuid>`, empty (it reserves the uuid)
-    2. J: `csi.volumes.<instance>` key `csi.volume.<request name>` = `<I's id, 16 hex digits>/<uuid>`
-    3. J: `csi.volume.<uuid>` omap: csi.volname, csi.imagename, csi.journalpool = <J's id, 16 hex>,
-          and csi.volume.owner / encryption keys when set
-    4. I: the image; then csi.imageid goes to the record of step 3 (StoreImageID on the journal pool)
-
-The volume id names I. ceph-csi's own comments say the record of step 3 lives with the image
-(in I); its code writes it to J, leaving I's object empty. Both shapes are read here: a record
-in I that carries csi.journalpool pointing at another pool, or an empty (or csi.imageid-only)
-object in I whose named record sits in the pool its own csi.journalpool names.
-
-This module's top half is pure (the encodings); the bottom half reads RADOS, never writes.
+"""Volumes ceph-csi journaled in one pool and created in another (its topologyConstrainedPools):
+found, grown and deleted, never provisioned. The encodings are pure; the reads never write. Design: docs/design/controller.md.
 """
 from __future__ import annotations
 
