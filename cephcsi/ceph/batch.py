@@ -1,16 +1,6 @@
-"""Several independent small RADOS reads in one round trip.
-
-The delete path reads four traces of an image (its id object, its directory entry, its header,
-its trash entry), whether its header has watchers and snapshots (a notify and a cls_rbd call),
-and the journal record under a fresh lease. Each is one small op of ≈ 0.3 ms,
-almost all of it waiting on the OSD; issued one after the other they add up on every call.
-librados can have them all in flight at once (its aio calls), and python-rados exposes those,
-but only as callbacks and completions: this module wraps them in `Pending` values so callers
-read like the sequential code they replace.
-
-Ordering: ops on different objects are independent. A read submitted after a write to the same
-object from this client is ordered after it only with LIBRADOS_OPERATION_ORDER_READS_WRITES,
-which `Batch.omap(..., after_writes=True)` sets.
+"""Several independent small RADOS reads in one round trip (librados aio), as `Pending` values read
+like sequential code. A read after this client's write to the same object is ordered after it
+only with `Batch.omap(..., after_writes=True)`. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

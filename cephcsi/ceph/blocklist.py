@@ -1,14 +1,6 @@
-"""OSD blocklist entries (`ceph osd blocklist add|rm|ls`), sent as mon commands on the
-driver's own connection.
-
-A client address is blocklisted as the bare IP (`10.0.0.5`, which the OSDs match for every
-port and nonce from that host) or as one client instance (`10.0.0.5:0/123456`). Fencing a lost
-node blocklists its bare IP: krbd, rbd-nbd and rbd-fuse clients on it all speak from that
-address, each with its own nonce, and a rebooted kernel would come back with new nonces.
-
-The cephx user needs `mon 'profile rbd, allow command "osd blocklist"'` (what ceph-csi documents
-for fencing): `profile rbd` alone allows only `add` of one client instance (`ip:port/nonce`, what
-librbd needs to break a dead exclusive-lock owner's lock), neither a whole IP nor `rm`.
+"""OSD blocklist entries (`ceph osd blocklist add|rm|ls`), sent as mon commands on the driver's own
+connection: a bare IP (a fenced node) or one client instance. The cephx user needs
+`mon 'profile rbd, allow command "osd blocklist"'`. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

@@ -1,22 +1,6 @@
-"""What a cephx userKey is, read without librados, and whether this driver's Ceph client can use it.
-
-A userKey is the base64 of a CryptoKey as Ceph encodes it (src/auth/Crypto.h), little-endian:
-u16 cipher type, the creation time (utime_t: u32 seconds, u32 nanoseconds), u16 secret length,
-then the secret. Cipher types (src/include/ceph_fs.h, CEPH_CRYPTO_*): 1 `aes` (AES-128, a 16-byte
-secret: 40 base64 characters starting "AQ"), 2 `aes256k` (AES-256 with Kerberos-style key
-derivation, a 32-byte secret: 60 characters starting "Ag"). Since the fix for CVE-2025-30156
-(Tentacle 20.2.4) a new cluster allows only aes256k and makes only aes256k keys.
-
-Why the driver reads keys itself: a Ceph client that cannot decode a key (every Pacific and Reef
-client, given an aes256k key) prints it whole on stderr, `auth: failed to decode key '<key>'`,
-three times per connect, then fails with EINVAL, which reads as a wrong key. librados does this
-while it bootstraps its monitor connection, before the handle's log settings are in force:
-measured on Pacific 16.2.15, `log_to_stderr=false`, `err_to_stderr=false` and `log_file` set
-through `Rados(conf=...)` or `conf_set` before `connect()` do not stop it, and `keyfile` instead of
-`key` prints the file's content the same way (KeyRing::from_ceph_context). So nothing that
-librados or a Ceph tool could fail to decode is ever handed to it: the format is checked when
-credentials are built (`inspect`), and the cipher against the client before every connect and
-every run of `rbd`/`rbd-fuse` with the key (`check_usable`). Messages never quote the key.
+"""What a cephx userKey is (cipher `aes` or `aes256k`), read without librados, and whether this
+driver's Ceph client can use it: checked before a key reaches librados or a Ceph tool, which would
+print an undecodable key on stderr. Messages never quote the key. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

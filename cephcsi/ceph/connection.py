@@ -1,14 +1,7 @@
-"""Cached, shared librados connections, one per (cluster, monitors, user, key).
-
-The bindings release the GIL in every blocking call, so one connection serves all threads as
-well as one per thread would, without a monitor session per call (ceph-csi keeps a similar
-pool). Every connection has op timeouts set, so no call can hang forever: with the cluster
-down, calls fail in bounded time and a later call on the same connection succeeds once the
-cluster is back. A connect is single-flight per connection (callers arriving during an attempt
-wait for its outcome, at most one mount timeout) and a failure is answered from memory for a
-few seconds, so with the monitors down every caller fails within about one client_mount_timeout
-however many are queued. A connection that reports it was shut down or blocklisted is dropped,
-and the next call reconnects. Keys live only in librados' in-memory config.
+"""Cached, shared librados connections, one per (cluster, monitors, user, key), with op timeouts so
+no call hangs for ever; connects are single-flight and a failure is remembered for a few seconds;
+a shut-down or blocklisted connection is dropped and the next call reconnects. Keys live only in
+librados' in-memory config. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

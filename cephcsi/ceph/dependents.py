@@ -1,16 +1,6 @@
-"""Deleting an image that other images still read through (snapshot images, clones).
-
-A volume with CSI snapshots or clones, or a snapshot image with restored volumes, is a clone v2
-parent: its snapshots are in the trash namespace and have children. Flattening those children
-on delete would copy whole volumes on the request path; removing the parent would break them.
-Instead the parent goes to the RBD trash with source USER_PARENT (`RBD.remove` does that with
-`rbd_move_parent_to_trash_on_remove`), where librbd itself purges it when its last child is
-removed or flattened: O(1) now, nothing left behind later (measured: docs/snapshots.md).
-
-Before that, the driver's own user-namespace snapshots on the image are removed: temporary
-snapshots of killed snapshot/clone calls (the caller holds the image's journal lease, so no
-live call owns one) and a snapshot image's restore point. Snapshots anybody else made are
-refused by name rather than leaked into a trash entry no purge could ever remove.
+"""Deleting an image that other images still read through (snapshot images, clones): the driver's
+own snapshots removed, anybody else's refused by name, and the parent left in the RBD trash for
+librbd to purge after its last child. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Read, set and remove RBD image metadata keys on the image header directly, one RADOS
-operation each.
-
-For the publish records (cephcsi.volumes.publish). cls_rbd keeps image metadata in the header
-object's omap as `metadata_<key>` → the value's bytes; librbd neither validates nor caches
-keys outside its `conf_` namespace, so a mapped client needs no header-update notice. A librbd
-open instead would cost ~15 RADOS operations, and a read-write open adds a watch that a
-concurrent DeleteVolume would take for a user of the image. Several keys are set (cls_rbd
-`metadata_set` takes a map) or removed (one omap op) atomically.
+"""Read, set and remove RBD image metadata keys on the image header directly, one RADOS operation
+each, atomically for several keys (for the publish records; keys outside librbd's `conf_`
+namespace only). Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

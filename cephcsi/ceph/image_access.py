@@ -1,12 +1,6 @@
 """What cephcsi.volumes asks of an image without knowing librbd: open it if it exists, remove a
 parent while a child purge may still watch it, and move it to the trash by whichever path is
-verified for this cluster.
-
-Volumes hold an image open across several steps on purpose (one open serves a sequence of
-reads; a read-write open's watch is part of the protocol: docs/ARCHITECTURE.md), so they get the
-`rbd.Image` itself; which librbd exception means "gone" or "busy", and when the hand-written
-trash move (cephcsi.ceph.trash_move) may replace librbd's, is decided here. Callers keep their
-`ceph_call` around these, as around any Ceph call.
+verified for this cluster. Callers keep their `ceph_call` around these. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

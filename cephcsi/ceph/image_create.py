@@ -1,26 +1,6 @@
-"""A new image's objects written in one round trip, under an id the caller journaled first.
-
-Why by hand, next to librbd's `RBD.create` (which the driver still uses wherever this does not
-apply): librbd reads the pool's configuration and then writes the image's three objects one
-after the other — its name in `rbd_directory`, `rbd_id.<name>`, the header `rbd_header.<id>` —
-and picks the id itself, so a caller learns it only by reading it back. Each write is a single
-cls_rbd call on its own object. Sent together they cost one round trip instead of four, and an
-id chosen before them is journaled with the volume's record before any of them is sent, so a
-retry or a delete after a crash between them knows every object to look at (`settle`).
-
-What is written is what librbd 16 writes for a format-2 image in the default namespace without
-striping, journaling or a data pool (`can_write`): the same cls_rbd calls with the same
-arguments, the header's features including fast-diff when object-map is asked for (librbd adds
-it), and the object map, sized as librbd sizes it, once the header is known to be ours.
-`tests/integration/ceph_ops/test_image_create.py` compares every object with librbd's.
-
-Owning an id. librbd's ids are 14 random hex digits, so a collision with another image in the
-pool is unlikely, never impossible. The directory lists every image by name and by id
-(`dir_add_image` refuses either one taken), and a header is created exclusively; but an image in
-the trash keeps its header and leaves the directory. A header with our id is therefore ours only
-while the trash has no entry with that id and the directory maps the id to no other name
-(`Traces.header_is_ours`). The first attempt undoes what it wrote when any of its writes finds
-the id taken (`IdTaken`): the caller journals a new id and writes again.
+"""A new image's objects written in one round trip, under an id the caller journaled first, exactly
+as librbd writes a plain format-2 image (`can_write`). `IdTaken` when the id belongs to another
+image: the first attempt undoes its writes and the caller plans a new id. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""A new volume's image, made by whichever path fits: written by hand under an id the caller
-journaled first (cephcsi.ceph.image_create) or created by librbd's `RBD.create`, and adopted
-when an earlier attempt already made it.
-
-The choice between the two paths is a Ceph fact (the pool's layout, the features asked for,
-whether hand writes were verified on this cluster and client), so it is made here; the caller
-only journals what it is told: the planned id before any write (`hand_order` says whether to
-plan one), a new id when the planned one is taken (`replan`).
+"""A new volume's image, made by whichever path fits (by hand under a journaled id, or librbd's
+`RBD.create`), and adopted when an earlier attempt already made it. The caller journals what it
+is told: the planned id (`hand_order`), a new one when it is taken (`replan`). Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

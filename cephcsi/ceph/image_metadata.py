@@ -1,14 +1,5 @@
-"""RBD image metadata (`rbd image-meta`): read all of it, or make some keys hold given values.
-
-Used for the Kubernetes owner keys ceph-csi stores on the images it creates (see
-cephcsi.volumes.metadata), so Ceph-side tools can tell which claim an image belongs to.
-
-The bindings set metadata only on an open image, and a read-write open (with its watch) is
-about 15 RADOS operations — two thirds of a CreateVolume's time with `--extra-create-metadata`,
-which the shipped deployment sets. For an image the caller has just created, `set_on_new`
-sends what librbd's metadata_set sends, cls_rbd `metadata_set` on the image header, itself:
-nobody can have that image open yet, so the header-update notice librbd adds has no watcher to
-reach, and keys outside librbd's `conf_` namespace need none of its checks.
+"""RBD image metadata (`rbd image-meta`): read all of it, or make some keys hold given values;
+`set_on_new` writes to an image just created without opening it. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Taking a volume's image out of service, from whatever state an earlier, killed attempt (the
-driver's, or librbd's inside one call) left it in: see cephcsi.ceph.imagestate for the states.
-
-Every librbd fact of the delete path is decided here: what a planned id left behind
-(cephcsi.ceph.image_ensure), debris of a create killed inside librbd (`images.remove_headerless`),
-whether the image is unused and a clone parent (cephcsi.ceph.dependents: header probe or read-only
-open), which path moves it to the trash (`image_access.TrashMover`) and whether a mgr purge is
-queued. The caller holds the volume's journal lease and journals what it is told: the image id,
-before anything moves the image (once it leaves the directory the id is the only way to find it).
+"""Taking a volume's image out of service from whatever state an earlier, killed attempt left it in
+(cephcsi.ceph.imagestate). The caller holds the volume's journal lease and journals the image id
+when told, before anything moves the image. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

@@ -1,30 +1,6 @@
-"""Where an RBD image is in its life, read from the pool's own bookkeeping objects.
-
-librbd keeps an image in four places: the `rbd_directory` omap (name ↔ id), the
-`rbd_id.<name>` object (name → id), the `rbd_header.<id>` object (the image itself) and, once
-deleted, an `rbd_trash` omap entry whose state says how far the move or removal got. A
-process killed *inside* a librbd call leaves these out of step. Killing python-rbd at random
-instants on Ceph 16 (and reading librbd's trash code) gives exactly these shapes:
-
-- inside `create`: a directory entry alone, or a directory entry and id object with no header;
-  and, from a librbd that writes the directory entry last (ceph/ceph PR 68612 proposed it), a
-  header and id object without a directory entry (`unlisted`: complete but for the listing,
-  which `images.list_unlisted` adds as that librbd would have), or a header alone (nothing
-  names it: the audit reports it as a stray header);
-- inside `trash_move`: a trash entry in state MOVING, with the directory entry and id object
-  both still there, only the directory entry, or neither (the header is always there); the
-  driver's own move (cephcsi.ceph.trash_move) can also leave only the id object;
-- inside `trash_remove` (and `remove`, which goes through the trash): a trash entry in state
-  REMOVING, with or without its header.
-
-`trash_move(name)` resumes every MOVING shape (librbd finds an interrupted move by name) but
-one: a clone parent's move (source USER_PARENT, made by `remove`) cut after the directory entry
-went, which only its final state change can finish (cephcsi.ceph.trash),
-a partial create is cleared by `images.remove_headerless` (its two objects, by hand: `remove(name)`
-would take it through the trash, and a kill inside that leaves an entry nothing looks for once the
-name is taken again), and a trash removal (the mgr's task or inline) finishes NORMAL and REMOVING
-entries. The python bindings expose none of the trash *state*,
-so it is read here from the omap value (cls_rbd's TrashImageSpec encoding).
+"""Where an RBD image is in its life, read from the pool's own bookkeeping objects (directory, id
+object, header, trash entry and its state), including every shape a process killed inside a
+librbd call leaves. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

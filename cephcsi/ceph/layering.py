@@ -1,18 +1,5 @@
-"""RBD layering for snapshots and clones: snapshots, clone v2 children, parent chains, flattens.
-
-Facts this relies on (measured on Ceph 16.2, see docs/snapshots.md):
-
-- Clone format 2 needs no protected snapshot, and removing a snapshot that still has children
-  moves it to the *trash snapshot namespace*; librbd removes it when its last child goes.
-- `RBD.remove` of an image whose snapshots still have v2 children (with
-  `rbd_move_parent_to_trash_on_remove`) moves it to the RBD trash with source USER_PARENT,
-  and librbd purges it when its last child is removed: a deleted parent costs nothing
-  while clones or snapshot images still read through it, and leaves nothing behind after.
-- A clone killed *inside* librbd can leave an image without a parent link, or a child whose
-  link the parent's snapshot does not list: `clone_complete` tells a finished clone from
-  such debris, which is removed (it holds no data of its own) and cloned again.
-- Flattening an image does not detach its own snapshots from the parent unless the image has
-  `deep-flatten`; snapshot images get it so a background flatten releases the source.
+"""RBD layering for snapshots and clones: snapshots, clone v2 children, parent chains, flattens;
+`clone_complete` tells a finished clone from the debris of a killed one. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""Short cls_lock leases that stay held while their holder lives, and lapse soon after it dies.
-
-A cross-process lock on a volume must survive a slow Ceph call (so it cannot simply be short)
-and must not block the volume for long after its holder is SIGKILLed (so it cannot simply be
-long). Each lease is therefore taken for a few seconds and renewed by one keeper thread for as
-long as the holding call runs; a dead process renews nothing, and its lease lapses within
-`seconds`. Short calls (almost all) finish before the first renewal is due, so the keeper
-costs them one dict insert and removal.
-
-A holder whose last step is bookkeeping (CreateVolume's image id and the release itself) can
-answer first and leave the release to a keeper thread (`Lease.release_behind`); other holds of
-that object in this process wait for it rather than answer ABORTED.
+"""Short cls_lock leases that stay held while their holder lives (renewed by one keeper thread) and
+lapse within `seconds` after it dies. `Lease.release_behind` answers first and releases on the
+keeper; other holds of that object in this process wait for it instead of answering ABORTED. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The name of a volume's rotation lock, one rule for every holder (the node's first LUKS format and
-`cephcsi rotate-key` through the `rados` tool, the controller's snapshot and clone cut through
-librados): ceph-csi's `<volume id>-mutexlock` where Ceph can store it.
-
-cls_lock keeps a lock in the object's xattr `lock.<name>`, and OSDs refuse an xattr name longer
-than `osd_max_attr_name_len` (100) with ENAMETOOLONG. A volume id whose cluster id is a 36-character
-fsid is 100 characters, so ceph-csi's name cannot be taken for it: ceph-csi's own rotation of such a
-volume fails on it, so no ceph-csi holder can exist to be excluded. Those volumes get a name made
-from a digest of the id instead, short enough for every OSD, the same for all of cephcsi's holders.
+"""The name of a volume's rotation lock, one rule for every holder: ceph-csi's
+`<volume id>-mutexlock` where an OSD can store it, else a digest of the id. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""How many bytes a pool can still take: its `max_avail` in `ceph df`, bounded by its quota.
-
-`max_avail` is what the monitors compute for `ceph df`: the free space of the fullest OSD the
-pool's CRUSH rule maps to, up to the full ratio, divided by the pool's replication (or EC)
-factor, so it is already in the bytes a client writes. A pool quota (`ceph osd pool
-set-quota`) caps the pool's stored bytes (`num_bytes`, the client's bytes too) whatever the
-OSDs hold; the OSDs refuse writes once it is reached. So the room left is the smaller of the
-two. A quota on objects cannot be turned into bytes (an object holds anything up to its
-image's object size), so it counts only once it is reached: then nothing can be written.
-
-Two monitor commands, read-only (`profile rbd` mon caps allow both): `df` for every pool's
-`max_avail` and `osd pool get-quota` for the pool's limits and current use.
+"""How many bytes a pool can still take: its `max_avail` in `ceph df`, bounded by its quota (a
+reached object quota means none). Two read-only mon commands. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

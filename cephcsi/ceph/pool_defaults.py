@@ -1,16 +1,6 @@
-"""The layout librbd would give a new image in a pool: its object size (order), with no data pool
-and no striping, or None when that layout is not the plain one.
-
-`RBD.create` takes the order, the data pool and the striping from the client's configuration
-(`rbd_default_order`, `rbd_default_data_pool`, `rbd_default_stripe_unit`/`_count`), overridden
-per pool by `rbd config pool set`, which it reads from the pool's `rbd_info` omap on every
-create. `cephcsi.ceph.image_create` writes a new image itself and must give it the same layout.
-It handles the common case only: a configured order, and neither a default data pool nor
-striping, from the client or the pool. Anything else answers None, and the driver lets librbd
-create the image, as before.
-
-The pool's overrides are read once per pool and connection and trusted for `TTL_SECONDS`: an
-override set meanwhile reaches new images within that time, not at once.
+"""The layout librbd would give a new image in a pool (its object size, no data pool, no striping),
+or None when that layout is not the plain one; a pool's overrides are trusted for `TTL_SECONDS`.
+Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""A pool's fitness for RBD images, checked once per connection instead of once per image.
-
-Before every create and clone librbd reads the pool's `rbd_info` object to learn whether the
-pool was validated for RBD (self-managed snapshots; overwrites, for an erasure-coded data
-pool): one of `RBD.create`'s five RADOS operations. Validation is a property of the pool,
-recorded once in `rbd_info` (by `rbd pool init` or by the first create there), so the driver's
-handles run with `rbd_validate_pool=false` and read `rbd_info` themselves, once per pool and
-connection. A pool that is not validated yet still gets librbd's own validation: the option is
-on for the handle while such a create runs. Creates in other pools meanwhile pay the read,
-nothing else, so the switch needs no lock around the creates.
-
-librbd validates the pool that holds the image's data: the data pool when the image has one
-(the metadata pool is then not validated at all), else the image's pool, always in the default
-namespace. This module checks the same pool.
+"""A pool's fitness for RBD images, checked once per connection instead of once per image (the
+handles run with `rbd_validate_pool=false`; an unvalidated pool still gets librbd's validation).
+Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

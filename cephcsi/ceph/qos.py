@@ -1,14 +1,5 @@
-"""librbd's side of RBD QoS: the image-meta keys a volume's limits live in, read and written.
-
-Limits are image configuration overrides (`conf_rbd_qos_…_limit`, what `rbd config image set`
-writes and `rbd config image ls` shows). They must be written through librbd, not straight into
-the header's omap: librbd checks that a `conf_` key names a real option with a valid value, and
-its header-update notice makes clients that have the image open (rbd-nbd on a node) re-read
-their configuration, so a new limit applies without a remap.
-
-Reading needs no open (the header's omap, cephcsi.ceph.image_metadata.read); a write opens the
-image read-write once, checks it is the image the caller expects, and changes only the keys
-given, so a repeated call with nothing to change writes nothing.
+"""librbd's side of RBD QoS: the image-meta keys (`conf_rbd_qos_…_limit`) a volume's limits live in,
+read from the header and written through librbd; a write changes only the keys given. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""Growing an RBD image: the one librbd call ControllerExpandVolume makes.
-
-Separate from cephcsi.ceph.images (read-only inspection, create) because it is the only call
-that opens an image read-write outside the node plugin: the open registers a watch for the few
-milliseconds the call takes, which a concurrent DeleteVolume would see as a watcher (it then
-answers FAILED_PRECONDITION and is retried). Callers hold the volume's journal lease, so that
-cannot happen with this driver's own delete.
-
-`grow` makes its checks and the resize in that one open: the handle is bound to the image's id
-(its header object), not to its name, so the id checked and the size read are those of the very
-image the resize changes, and no second (read-only) open is needed to look before acting. The
-price: a call that finds the image large enough (a repeated expansion) still opens read-write,
-with its short-lived watch, and changes nothing.
+"""Growing an RBD image: the one librbd call ControllerExpandVolume makes, checks and resize in one
+read-write open (callers hold the volume's journal lease). Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

@@ -1,22 +1,6 @@
-"""The controller's side of a volume's rotation lock: ceph-csi's exclusive cls_lock
-`<volume id>-mutexlock` on the RADOS object named after the volume id, in the image's pool and
-namespace — the lock `cephcsi rotate-key` (cephcsi.node.volume_lock) and ceph-csi's
-RotateEncryptionKey hold while they change a volume's LUKS header and its KMS passphrase.
-
-A snapshot cut from an encrypted volume copies the header (librbd's clone) and then the KMS
-passphrase (copy_key); a rotation between the two leaves a copy whose header no passphrase it
-was given opens. Holding this lock from the cut to the copy makes the two an atomic pair as far
-as rotations are concerned.
-
-Held through librados with a duration (a controller killed while holding it leaves a lock that
-lapses by itself) and a cookie naming this controller and call; released in `finally`. A lock
-held by someone else is waited for `wait_seconds`, then the call is refused with ABORTED so the
-CO retries after the rotation.
-
-The duration is not renewed in the background, so the exclusion can lapse under a slow body. A
-key copy that depends on the source's current passphrase therefore calls `Held.confirm` after
-reading it: a MUST_RENEW renewal, which fails when the lock lapsed in between (and so a rotation
-may have run) instead of silently taking it again.
+"""The controller's side of a volume's rotation lock (ceph-csi's `<volume id>-mutexlock` cls_lock),
+held with a duration from a snapshot's or clone's cut to its key copy; waited for `wait_seconds`,
+then ABORTED. `Held.confirm` fails when the lock lapsed meanwhile. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

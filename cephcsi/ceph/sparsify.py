@@ -1,26 +1,6 @@
-"""The controller half of reclaiming space: librbd's sparsify (what `rbd sparsify` runs) on one
-image, skipped while the image is in use, as ceph-csi's ControllerReclaimSpace does.
-
-Sparsify reads every allocated object and deallocates the runs of zeros it finds (whole objects
-are removed, shorter runs punched) in units of `sparse_size`; ceph-csi passes the image's object
-size, so only whole zero objects go, which is cheap on the OSDs and never splits an object into
-fragments. It does not know what a filesystem freed (that is the node's fstrim): it returns what
-was written as zeros, or what a trim left zeroed but allocated.
-
-Why not while in use: sparsify takes the image's exclusive lock, so a mapped client with
-exclusive-lock loses it for the duration (its writes wait for the lock to come back) and
-sparsify's reads race the client's writes for nothing — a watched image is being written, so its
-zeros are not settled. A volume in use gets its space back from the node's trim instead. One
-read-write open serves the check and the sparsify: that open is itself a watcher, so "in use"
-means any watcher beyond ours (ceph-csi counts the same way); a client that maps the image after
-the check waits for the lock like any other writer — slower, never wrong, since sparsify only
-removes data that reads as zeros. The watchers are checked before anything is measured: the
-usage is a walk over the whole image (a read of every object without fast-diff), which an image
-that is then skipped would pay for nothing.
-
-Usage before and after is measured as `rbd du` does for an image without snapshots: the extents
-diff_iterate reports from the start of the image (whole objects, which the object map answers
-without reading data when fast-diff is on).
+"""The controller half of reclaiming space: librbd's sparsify on one image, in units of its object
+size, skipped while the image has a watcher beyond ours (as ceph-csi's ControllerReclaimSpace).
+Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

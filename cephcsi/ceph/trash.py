@@ -1,11 +1,6 @@
-"""Take an image out of service through the RBD trash, from whatever state a crash left.
-
-Delete is two librbd steps: `trash_move` (O(1): the image leaves the directory) and a purge
-(O(objects): the data goes). The purge is handed to the mgr's rbd_support module, which runs
-and retries it in the background; only when the mgr refuses the task is it run here, in a
-thread that the call waits for at most `inline_budget` seconds (the call then answers
-UNAVAILABLE and the retry joins the same thread), so a DeleteVolume never blocks for the size
-of the image.
+"""Take an image out of service through the RBD trash, from whatever state a crash left; the purge
+goes to the mgr, or runs inline for at most `inline_budget` seconds (then UNAVAILABLE, and the
+retry joins it). Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

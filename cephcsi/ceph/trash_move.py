@@ -1,34 +1,6 @@
-"""Moving a live, unused image to the trash in three round trips, without opening it.
-
-Why by hand, next to librbd's `RBD.trash_move` (which the driver still uses wherever this does
-not apply): librbd looks the id up, opens the image (about a dozen reads, one after the other,
-and a watch), reads its mirroring state, takes its exclusive lock if it has one, closes it, and
-only then writes the move: a trash entry in state MOVING, the id object and the directory entry
-removed, the entry set NORMAL, and a notify on `rbd_trash`. A delete has already read
-everything the open is for — the id, that no client watches the header and that it has no
-snapshots (`dependents.HeaderProbe`) — so what is left is its features and mirroring
-state, read here in the same round trip as those (`Eligibility`), and the writes.
-
-What is written is what librbd writes (compared byte for byte on the releases in
-`cephcsi.ceph.verified`, which gates this path), in its order, so a crash between the steps
-leaves one of the shapes a killed `trash_move` leaves (a MOVING entry of source USER, with both,
-one or neither of the id object and the directory entry), which `RBD.trash_move` of the same
-name resumes (`cephcsi.ceph.trash.move`).
-
-The `rbd_trash` notify. After the move librbd notifies the watchers of `rbd_trash`
-(NOTIFY_OP_IMAGE_ADDED with the image id and the entry, `trash_watcher_payload`). python-rados
-cannot send that payload: its `notify` takes a `str` (the Pacific, Reef and Tentacle bindings
-alike) and sends its UTF-8 encoding cut to the string's length (measured with Pacific's), while
-the entry's timestamps are arbitrary bytes. So the notify is made to reach every watcher another way: whether
-`rbd_trash` has watchers is read in the same round trip as the features (`Eligibility`), and a
-watched trash (rbd-mirror's trash watcher, say) leaves the move to librbd, which notifies them.
-An unwatched trash has nobody to notify. (The probe itself is a notify of an op number no
-watcher knows, which librbd's trash watcher acknowledges and ignores, as the header probe's.)
-
-Not by hand: an image with journaling (librbd turns journal replay off for the move), one
-being migrated, one in a group or with any other operation feature (clone parents and
-children), a non-primary one, and one with a mirroring entry — librbd disables mirroring
-before the move.
+"""Moving a live, unused image to the trash in three round trips without opening it, writing what
+librbd writes in its order (so `RBD.trash_move` resumes any interrupted move); only where
+`Eligibility` and cephcsi.ceph.verified allow it. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

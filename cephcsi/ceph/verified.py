@@ -1,26 +1,6 @@
-"""Where the driver may write RBD image objects by hand: the Ceph releases on which what it
-writes was compared byte for byte with what librbd writes.
-
-Two paths bypass librbd for speed: a new image's objects (`cephcsi.ceph.image_create`) and the
-move of an unused image to the trash (`cephcsi.ceph.trash_move`). Both write what librbd writes
-on the releases listed in `VERIFIED`, and nothing promises that a later librbd keeps writing the
-same (ceph/ceph PR 68612, for one, proposed writing a new image's directory entry last). So the
-driver uses them only where both sides are known:
-
-- the cluster: its `require_osd_release` (the oldest release every OSD runs, so the oldest
-  cls_rbd that answers the hand path's class calls), read from the OSD map;
-- the client: the librbd the driver runs (`rbd.RBD().version()`, the library's ABI version,
-  which librbd raises with every release since Pacific), since every other step on these
-  images (open, resize, snapshot, clone, remove) is that librbd's.
-
-Both are read once per connection (`HandWriteGate`), re-read after `FACTS_TTL_SECONDS` so an
-upgrade is noticed, and the outcome is logged once per connection with its reason. Anywhere
-else librbd writes everything. `Mode.ALWAYS` and `Mode.NEVER` (`--rbd-hand-writes`) override
-the check.
-
-Adding a release: run the comparison tests (`tests/integration/ceph_ops/test_image_create.py`,
-`test_trash_move.py`) against a cluster of it with its client; when they pass, add a `Release`
-row with the client's `rbd.RBD().version()` and where it was checked.
+"""Where the driver may write RBD image objects by hand: the Ceph releases (cluster and client) on
+which what it writes was compared byte for byte with librbd's (`VERIFIED`, `HandWriteGate`,
+`--rbd-hand-writes`). Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

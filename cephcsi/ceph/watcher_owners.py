@@ -1,13 +1,5 @@
-"""Whose are an image's watchers: the node a watcher's address belongs to, and whether that
-client was fenced (blocklisted), for the "image in use" messages of DeleteVolume.
-
-The node comes from the publish records ceph-csi's keys keep on the image
-(`.rbd.csi.ceph.com/clientaddress/<volume id>/<node id>` and the early `clientAddress/<node id>`,
-whose values are node IPs; cephcsi.volumes.publish) and from the addresses cephcsi's node plugins
-reported in the pool (`cephcsi.node-addresses`, cephcsi.node.client_address); whether it was
-fenced from the pool's fence ledger (`csi.fenced`: what the controller blocklisted and has not
-unblocked yet), which needs no monitor command. All best effort: a message without them is still
-right, only less helpful.
+"""Whose are an image's watchers (node, and whether fenced), best effort, for DeleteVolume's "image
+in use" messages. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 
