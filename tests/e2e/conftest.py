@@ -26,7 +26,7 @@ E2E_DIR = os.path.dirname(os.path.abspath(__file__))
 # Scenario order: the basic volume paths first (a failure there explains later ones), the
 # disruptive ones (restarts, a killed leader, a config edit) after them.
 MODULE_ORDER = ("test_registrar.py", "test_volumes.py", "test_expansion.py", "test_snapshots.py", "test_demo.py",
-                "test_restarts.py", "test_burst.py", "test_config.py", "test_releases.py")
+                "test_qos.py", "test_restarts.py", "test_burst.py", "test_config.py", "test_releases.py")
 
 
 def _rank(item: pytest.Item) -> int:
