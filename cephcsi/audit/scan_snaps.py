@@ -1,5 +1,6 @@
 """The reads the snapshot rules need beyond the journal: each live image's RBD snapshots and which
-journal leases a call holds now, from RADOS objects rather than librbd. Read-only. Design: docs/design/audit.md.
+journal leases a call holds now, from RADOS objects rather than librbd. Read-only. Design:
+docs/design/audit.md.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """A new volume's image, made by whichever path fits (by hand under a journaled id, or librbd's
-`RBD.create`), and adopted when an earlier attempt already made it. The caller journals what it
-is told: the planned id (`hand_order`), a new one when it is taken (`replan`). Design: docs/design/ceph-access.md.
+`RBD.create`), and adopted when an earlier attempt already made it. The caller journals what it is
+told: the planned id (`hand_order`), a new one when it is taken (`replan`). Design:
+docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

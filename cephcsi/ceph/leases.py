@@ -1,6 +1,7 @@
 """Short cls_lock leases that stay held while their holder lives (renewed by one keeper thread) and
 lapse within `seconds` after it dies. `Lease.release_behind` answers first and releases on the
-keeper; other holds of that object in this process wait for it instead of answering ABORTED. Design: docs/design/ceph-access.md.
+keeper; other holds of that object in this process wait for it instead of answering ABORTED. Design:
+docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

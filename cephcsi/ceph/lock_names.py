@@ -1,5 +1,5 @@
-"""The name of a volume's rotation lock, one rule for every holder: ceph-csi's
-`<volume id>-mutexlock` where an OSD can store it, else a digest of the id. Design: docs/design/ceph-access.md.
+"""The name of a volume's rotation lock, one rule for every holder: ceph-csi's `<volume id>-mutexlock`
+where an OSD can store it, else a digest of the id. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

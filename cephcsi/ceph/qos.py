@@ -1,5 +1,6 @@
 """librbd's side of RBD QoS: the image-meta keys (`conf_rbd_qos_…_limit`) a volume's limits live in,
-read from the header and written through librbd; a write changes only the keys given. Design: docs/design/ceph-access.md.
+read from the header and written through librbd; a write changes only the keys given. Design:
+docs/design/ceph-access.md.
 """
 from __future__ import annotations
 

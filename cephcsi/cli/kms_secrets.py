@@ -1,11 +1,6 @@
-"""The Kubernetes objects a KMS reads (cephcsi.encryption.kms.base.SecretReader, and vaulttokens'
-ConfigMapReader): the `metadata` type's secretName, a tenant's Vault token Secret and its
-`ceph-csi-kms-config` ConfigMap.
-
-The controller reads them through the sidecars' API client (cli/sidecar_wiring.py). The node
-plugin and a controller run without the embedded sidecars have no client of their own, so they
-get `LazyKubeReader`: it connects on the first read a KMS asks for, so a process that never
-serves a volume needing one keeps no API connection at all.
+"""The Kubernetes objects a KMS reads (Secrets, vaulttokens' ConfigMap): through the sidecars' API
+client in the controller, else through `LazyKubeReader`, which connects only on the first read a
+KMS asks for. Design: docs/design/encryption-and-frontends.md.
 """
 from __future__ import annotations
 

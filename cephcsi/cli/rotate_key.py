@@ -1,16 +1,6 @@
-"""`cephcsi rotate-key`: rotate the LUKS passphrase of an encrypted volume where it is staged.
-
-Run in the node plugin container of a node that stages the volume, with the volume's node-stage
-Secret on stdin (as `kubectl get secret -o json` prints it, or a flat JSON object of its keys):
-
-    kubectl get secret -n ceph-csi csi-rbd-secret -o json | \\
-      kubectl exec -i -n ceph-csi <node plugin pod> -- cephcsi rotate-key \\
-        --volume-id <PV's volumeHandle> --kms-id <StorageClass encryptionKMSID>
-
-The Secret's cephx user reads and writes the image metadata; the KMS is built as NodeStage builds
-it (the same KMS ConfigMap, the same Secret). Secrets come from stdin only, never the command
-line. Exit status: 0 rotated, 1 the rotation failed (the message says why and what holds the
-key), 2 usage error.
+"""`cephcsi rotate-key`: rotate the LUKS passphrase of an encrypted volume where it is staged (run
+in the node plugin container, the node-stage Secret on stdin only). Exit status: 0 rotated, 1 the
+rotation failed, 2 usage error. Design: docs/design/encryption-and-frontends.md.
 """
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""config.json's per-cluster `readAffinity`, as ceph-csi (≥ 3.10) reads it:
-
-    {"clusterID": "c1", ..., "readAffinity": {"enabled": true,
-                               "crushLocationLabels": ["topology.kubernetes.io/zone", ...]}}
-
-With it on, krbd maps that cluster's images with `read_from_replica=localize` and the node's
-CRUSH location taken from the named Node labels (cephcsi.node.mappers.read_affinity), so reads
-go to the nearest replica instead of always to the primary OSD.
-
-The node-plugin flags `--enable-read-affinity` / `--crush-location-labels` (ceph-csi's) only
-supply the labels for a cluster whose entry says `enabled: true` with an empty label list (a
-cluster without the entry gets no read affinity, flags or not); the config file is read by
-both modes, so an enabled entry without labels is mentioned once at load.
+"""config.json's per-cluster `readAffinity`, as ceph-csi (≥ 3.10) reads it: whether krbd maps that
+cluster's images with `read_from_replica=localize`, and from which Node labels the CRUSH location
+comes (the node flags only fill in an enabled entry's empty label list). Design:
+docs/design/encryption-and-frontends.md.
 """
 from __future__ import annotations
 

@@ -1,27 +1,7 @@
-"""GetCapacity: the bytes a StorageClass's pool can still take. Mixed into ControllerServicer.
-
-The answer is the data pool's room (`dataPool` when the class names one: that is what fills;
-`pool` otherwise) from `cephcsi.ceph.pool_capacity`: `ceph df`'s max_avail capped by the pool's
-quota. When the image pool is a separate metadata pool and its own quota is used up, nothing
-can be created and the answer is 0.
-
-Credentials: GetCapacityRequest carries no secrets. external-provisioner (and the embedded
-capacity loop, cephcsi.sidecars.capacity) pass the StorageClass's parameters unfiltered, so
-the class's `csi.storage.k8s.io/provisioner-secret-name`/`-namespace` are in the request; a
-`CapacitySecrets` source turns them into credentials. The sidecar wiring installs one that
-reads that Secret from the Kubernetes API; without it (a controller run without the embedded
-sidecars) a request with parameters is FAILED_PRECONDITION, saying so.
-
-What the answer does not depend on:
-- `accessible_topology`: a Ceph pool serves every topology segment alike (this driver has no
-  topology-constrained pools), so every segment gets the pool's figure.
-- `maximum_volume_size`/`minimum_volume_size` are left unset: RBD images are thin, so no size
-  is impossible as such; the scheduler then compares a claim with the available capacity,
-  which is the check that keeps claims off full pools.
-
-A request without parameters names no pool; no volume can be created without one
-(CreateVolume needs clusterID and pool), so the capacity for it is 0. That is also what
-csi-sanity's GetCapacity spec (an empty request) gets.
+"""GetCapacity: the bytes a StorageClass's pool (its data pool when named) can still take; 0 for a
+request without parameters. Credentials come from the class's provisioner secret through a
+`CapacitySecrets` source (none installed: FAILED_PRECONDITION). Mixed into ControllerServicer.
+Design: docs/design/encryption-and-frontends.md.
 """
 from __future__ import annotations
 

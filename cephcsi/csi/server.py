@@ -1,15 +1,6 @@
-"""gRPC server on a unix socket, with graceful shutdown that removes the socket.
-
-A grpc sync server has one thread pool. Left alone, slow calls (a NodeStage waiting on a stuck
-device, a CreateVolume on an unreachable cluster) can occupy every thread, and the kubelet's
-Probe then waits behind them until the liveness probe fails and the plugin is restarted — which
-on a node kills the rbd-fuse/rbd-nbd daemons of every mounted volume. So the pool has
-`max_workers` threads for ordinary calls plus IDENTITY_THREADS that only Identity calls can use:
-an admission gate lets at most `max_workers` other calls run at once and refuses the rest at
-once with RESOURCE_EXHAUSTED ("busy, retry") instead of queueing them. Identity calls skip the
-gate, and as they never block, a reserved thread is always free for them within microseconds.
-Refusing beats queueing anyway: a queued call often starts after its caller gave up, and the
-kubelet and the sidecars retry RESOURCE_EXHAUSTED with backoff.
+"""gRPC server on a unix socket, with graceful shutdown that removes the socket. At most
+`max_workers` non-Identity calls run at once, the rest refused at once with RESOURCE_EXHAUSTED;
+Identity calls have threads of their own. Design: docs/design/encryption-and-frontends.md.
 """
 from __future__ import annotations
 

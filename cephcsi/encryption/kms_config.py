@@ -1,11 +1,6 @@
-"""The KMS configuration: ceph-csi's `ceph-csi-encryption-kms-config` ConfigMap, key
-`config.json`, mounted as a file (default /etc/ceph-csi-encryption-kms-config/config.json):
-
-    {"<kmsID>": {"encryptionKMSType": "<type>", ...type-specific settings...}, ...}
-
-Read on every use: the kubelet updates a mounted ConfigMap in place, and a new KMS section must
-work without restarting the driver. ceph-csi also falls back to reading the ConfigMap
-`csi-kms-connection-details` through the API when the file is absent; cephcsi does not (mount it).
+"""The KMS configuration: ceph-csi's `ceph-csi-encryption-kms-config` ConfigMap (`config.json`,
+`{"<kmsID>": {"encryptionKMSType": …}}`) mounted as a file, read on every use.
+Design: docs/design/encryption-and-frontends.md.
 """
 from __future__ import annotations
 

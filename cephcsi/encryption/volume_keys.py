@@ -1,13 +1,6 @@
-"""A volume's passphrase, kept where ceph-csi keeps it: the facade the controller (create, copy,
-remove) and the node (read, mark formatted) call.
-
-ceph-csi's layout on the image (internal/rbd/encryption.go), which both drivers read and write:
-- `rbd.csi.ceph.com/encrypted` (older `.rbd.csi.ceph.com/encrypted`): "encryptionPrepared" once
-  the passphrase is kept, "encrypted" once a node formatted LUKS on the image;
-- `rbd.csi.ceph.com/dek` (older `.rbd.csi.ceph.com/dek`): the passphrase wrapped by the KMS, for
-  the types that keep it in the image (Kms.dek_in_image).
-The passphrase is 20 random bytes, base64url with padding (28 characters); LUKS is opened with
-that text, under the device-mapper name `luks-rbd-<volume id>`.
+"""A volume's passphrase, kept where ceph-csi keeps it (image metadata `rbd.csi.ceph.com/encrypted`
+and `rbd.csi.ceph.com/dek`, or the KMS): the facade the controller (create, copy, remove) and the
+node (read, mark formatted) call. Design: docs/design/encryption-and-frontends.md.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""ControllerExpandVolume's storage logic: grow a volume's image to the requested size (rounded up
-to whole MiB as CreateVolume rounds), never shrink it. Idempotent and crash-safe; holds the
-volume's KeyLocks (busy → ABORTED) and journal lease; an unknown id is NOT_FOUND. Design: docs/design/controller.md.
+"""ControllerExpandVolume's storage logic: grow a volume's image to the requested size (rounded up to
+whole MiB as CreateVolume rounds), never shrink it. Idempotent and crash-safe; holds the volume's
+KeyLocks (busy → ABORTED) and journal lease; an unknown id is NOT_FOUND. Design:
+docs/design/controller.md.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The flatten policy: how deep clone chains and how many snapshots per image are allowed, and when
-to queue mgr flatten tasks. No request waits for a flatten or fails because one is pending. Design: docs/design/controller.md.
+"""The flatten policy: how deep clone chains and how many snapshots per image are allowed, and when to
+queue mgr flatten tasks. No request waits for a flatten or fails because one is pending. Design:
+docs/design/controller.md.
 """
 from __future__ import annotations
 

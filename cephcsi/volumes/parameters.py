@@ -1,5 +1,6 @@
 """StorageClass parameters of an RBD volume: parsed once, validated with messages that name the
-parameter (unknown keys refused), and turned into the volume context the node plugin needs. Design: docs/design/controller.md.
+parameter (unknown keys refused), and turned into the volume context the node plugin needs. Design:
+docs/design/controller.md.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Volumes ceph-csi journaled in one pool and created in another (its topologyConstrainedPools):
-found, grown and deleted, never provisioned. The encodings are pure; the reads never write. Design: docs/design/controller.md.
+"""Volumes ceph-csi journaled in one pool and created in another (its topologyConstrainedPools): found,
+grown and deleted, never provisioned. The encodings are pure; the reads never write. Design:
+docs/design/controller.md.
 """
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""What every KMS type offers, and the errors they raise.
-
-ceph-csi splits KMS types by where a volume's passphrase (its DEK) is kept:
-- in the image's own metadata (`rbd.csi.ceph.com/dek`), wrapped by the KMS first: ceph-csi's
-  DEKStoreMetadata (`metadata`, `aws-metadata`, ...). Here: `dek_in_image` is True, and the type
-  implements `wrap`/`unwrap`.
-- by the KMS itself, keyed by the volume id: ceph-csi's DEKStoreIntegrated (`vault`,
-  `vaulttokens`, and the `default` type, whose "store" keeps nothing and whose passphrase is the
-  StorageClass secret's). Here: `dek_in_image` is False, and the type implements
-  `store`/`fetch`/`remove`.
+"""What every KMS type offers, and the errors they raise: a type keeps a volume's passphrase either
+wrapped in the image (`dek_in_image`: `wrap`/`unwrap`) or itself (`store`/`fetch`/`remove`). Design:
+docs/design/encryption-and-frontends.md.
 """
 from __future__ import annotations
 

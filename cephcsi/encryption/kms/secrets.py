@@ -1,17 +1,6 @@
-"""The KMS types whose secret is a passphrase from a Kubernetes Secret (ceph-csi's
-internal/kms/secretskms.go):
-
-- `default` (no encryptionKMSID): every volume's LUKS passphrase IS the secret's
-  `encryptionPassphrase`; nothing per volume is generated or kept.
-- `metadata`: a random per-volume passphrase, wrapped with a key derived from the secret's
-  passphrase and kept in the image metadata. The passphrase comes from the Secret the settings
-  name (`secretName`, `secretNamespace` defaulting to the claim's namespace), else from the CSI
-  call's secrets.
-
-The wrapping, byte for byte ceph-csi's: key = scrypt(passphrase, salt = volume id, N=32768, r=8,
-p=1, 32 bytes); AES-256-GCM with a random 12-byte nonce and no associated data; stored as the
-JSON object {"dek": base64(ciphertext || tag), "nonce": base64(nonce)} (Go's encoding/json:
-standard base64 with padding, no spaces).
+"""The KMS types whose secret is a passphrase from a Kubernetes Secret (ceph-csi's secretskms.go):
+`default` (the secret is the passphrase) and `metadata` (a per-volume passphrase wrapped exactly
+as ceph-csi wraps it, kept in the image). Design: docs/design/encryption-and-frontends.md.
 """
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""The `vault` KMS type (ceph-csi's internal/kms/vault.go): one Vault for every volume, the
-driver logging in with Vault's kubernetes auth method, passphrases kept in a KV mount under
-`<vaultPassphrasePath>/<volume id>`.
-
-Settings read from the ConfigMap section, besides the connection ones of vault_common:
-vaultAuthPath (default /v1/auth/kubernetes/login), vaultRole (default csi-kubernetes),
-vaultPassphraseRoot (older spelling of vaultBackendPath, "/v1/" prefix dropped),
-vaultPassphrasePath (default "").
-
-Authentication is ceph-csi's: the ServiceAccount token the pod mounts, sent to the kubernetes
-auth mount. As in ceph-csi (whose Vault library reads VAULT_TOKEN from the environment first),
-a VAULT_TOKEN environment variable of the driver's process replaces the login.
+"""The `vault` KMS type (ceph-csi's vault.go): one Vault for every volume, kubernetes auth login (or
+VAULT_TOKEN), passphrases in a KV mount under `<vaultPassphrasePath>/<volume id>`. Design:
+docs/design/encryption-and-frontends.md.
 """
 from __future__ import annotations
 

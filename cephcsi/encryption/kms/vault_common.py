@@ -1,16 +1,5 @@
-"""What the `vault` and `vaulttokens` KMS types share: their connection settings (ceph-csi's
-vaultConnection) and the KV store they keep passphrases in.
-
-The layout is ceph-csi's (libopenstorage/secrets' vault backend), so a volume either driver
-created is found by the other:
-- the secret of a volume is at `<vaultNamespace>/<backend path>/<secret id>` on a KV v1 mount and
-  at `<vaultNamespace>/<backend path>/data/<secret id>` on a KV v2 mount, the secret id being the
-  CSI volume id (behind `vaultPassphrasePath` for the `vault` type);
-- the secret's data is `{"data": {"passphrase": "<passphrase>"}}` in both KV versions;
-- removing it deletes the KV v2 metadata (every version, not recoverable) unless
-  `vaultDestroyKeys` is not "true", which soft-deletes the latest version only.
-
-Vault is spoken to through hvac, the maintained Python client of Vault's HTTP API.
+"""What the `vault` and `vaulttokens` KMS types share: their connection settings and the KV store
+they keep passphrases in, in ceph-csi's layout (via hvac). Design: docs/design/encryption-and-frontends.md.
 """
 from __future__ import annotations
 

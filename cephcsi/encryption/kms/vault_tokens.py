@@ -1,17 +1,6 @@
-"""The `vaulttokens` KMS type (ceph-csi's internal/kms/vault_tokens.go): each tenant (the
-namespace of the claim) brings its own Vault token in a Secret of its namespace; passphrases are
-kept in a KV mount under `<volume id>`.
-
-Settings of the ConfigMap section, besides the connection ones of vault_common:
-- tenantTokenName: the Secret holding the token under key `token` (default ceph-csi-kms-token);
-- tenantConfigName: a ConfigMap in the tenant's namespace whose connection options override the
-  global ones (default ceph-csi-kms-config); only vault_common's connection keys are taken from it;
-- tenants: {"<namespace>": {<options>}}, overrides per tenant kept in the global section.
-A section in ceph-csi's older format (KMS_PROVIDER, VAULT_ADDR, VAULT_BACKEND_PATH, ...) is
-converted first, as ceph-csi does.
-
-vaultCAFromSecret names a Secret (key `cert`), looked up in the tenant's namespace first and
-then in the driver's own.
+"""The `vaulttokens` KMS type (ceph-csi's vault_tokens.go): each tenant namespace brings its own Vault
+token Secret (and may override connection options); passphrases under `<volume id>`. Design:
+docs/design/encryption-and-frontends.md.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The capacity loop (leader only): one CSIStorageCapacity object per (StorageClass of this driver,
 topology segment) in the controller's namespace, holding GetCapacity's answer; "sync" and "poll"
-work items on one queue and one worker. A failed item leaves its object as it was. Design: docs/design/sidecars.md.
+work items on one queue and one worker. A failed item leaves its object as it was. Design:
+docs/design/sidecars.md.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Secret references in StorageClass parameters, with external-provisioner's templates (pure); an
-invalid reference is an error naming the parameter. Secret values are never logged. Design: docs/design/sidecars.md.
+invalid reference is an error naming the parameter. Secret values are never logged. Design:
+docs/design/sidecars.md.
 """
 from __future__ import annotations
 

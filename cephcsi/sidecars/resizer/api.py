@@ -1,5 +1,6 @@
-"""The two writes the resizer makes, as JSON merge patches: the claim's status (subresource; the
-patch that starts a resize carries the claim's resourceVersion) and the PV's capacity. Design: docs/design/sidecars.md.
+"""The two writes the resizer makes, as JSON merge patches: the claim's status (subresource; the patch
+that starts a resize carries the claim's resourceVersion) and the PV's capacity. Design:
+docs/design/sidecars.md.
 """
 from __future__ import annotations
 

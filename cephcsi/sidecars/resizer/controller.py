@@ -1,5 +1,5 @@
-"""The resizer's leader-only loop: claim events → one rate-limited work queue (key
-"namespace/name") → ResizeWorker; one `start` → `stop` is one leadership term. Design: docs/design/sidecars.md.
+"""The resizer's leader-only loop: claim events → one rate-limited work queue (key "namespace/name") →
+ResizeWorker; one `start` → `stop` is one leadership term. Design: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

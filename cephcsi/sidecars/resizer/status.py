@@ -1,6 +1,7 @@
-"""The resizer's decisions and the PVC status it writes, as pure functions of API objects; the
-claim's status (allocatedResources, allocatedResourceStatuses, conditions) is the only record, so a
-restart or a new leader continues from it. `plan` is external-resizer's expandAndRecover. Design: docs/design/sidecars.md.
+"""The resizer's decisions and the PVC status it writes, as pure functions of API objects; the claim's
+status (allocatedResources, allocatedResourceStatuses, conditions) is the only record, so a restart
+or a new leader continues from it. `plan` is external-resizer's expandAndRecover. Design:
+docs/design/sidecars.md.
 """
 from __future__ import annotations
 
