@@ -78,7 +78,7 @@ def check_settable(wanted: Mapping[str, str]) -> None:
 
 def set_on_header(io: rados.Ioctx, name: str, image_id: str, wanted: Mapping[str, str]) -> None:
     """Write `wanted` into the metadata of image `name` (id `image_id`) with one class call on
-    its header, for an image nobody can have open yet (see the module's docstring)."""
+    its header, for an image nobody can have open yet (docs/design/ceph-access.md)."""
     check_settable(wanted)
     # Only on a header that exists: a write after a purge (the lease lapsed during an outage,
     # another process deleted the image) must not leave a stray header object.

@@ -77,7 +77,8 @@ def trash_spec(name: str, state: TrashState, now: float) -> bytes:
 def trash_watcher_payload(image_id: str, spec: bytes) -> bytes:
     """librbd's `rbd_trash` notify after a move (trash_watcher NotifyMessage, version 1): the op
     NOTIFY_OP_IMAGE_ADDED, the image id, and the entry as written (`trash_spec`, state NORMAL).
-    Not sent by this module (see the module docstring); the tests compare it with librbd's."""
+    Not sent by this module (why: docs/design/ceph-access.md, ceph/trash_move.py); the tests
+    compare it with librbd's."""
     return encoding.versioned(struct.pack("<I", NOTIFY_OP_IMAGE_ADDED) + encoding.string(image_id) + spec)
 
 

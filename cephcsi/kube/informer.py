@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class Informer:
-    """List+watch one resource into a Store and notify handlers; see the module docstring."""
+    """List+watch one resource into a Store and notify handlers; docs/design/kubernetes-machinery.md."""
 
     def __init__(self, list_func: ListFunc, *, name: str, settings: InformerSettings = InformerSettings(),
                  indexers: Mapping[str, IndexFunc] | None = None, label_selector: str | None = None,

@@ -109,7 +109,7 @@ class Outcome(enum.Enum):
 
 
 class LeaderElector:
-    """Runs the election; see the module docstring."""
+    """Runs the election; the protocol and fencing are in docs/design/kubernetes-machinery.md."""
 
     def __init__(self, lock: LeaseLock, config: LeaderElectionConfig, callbacks: LeaderCallbacks, *,
                  clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None) -> None:

@@ -115,7 +115,7 @@ _RELIST_AFTER_FAILURES = 5
 
 
 class Reflector:
-    """List+watch one resource into a CacheSink until stopped; see the module docstring."""
+    """List+watch one resource into a CacheSink until stopped; docs/design/kubernetes-machinery.md."""
 
     def __init__(self, list_func: ListFunc, sink: CacheSink, *, name: str, settings: InformerSettings,
                  selectors: Selectors, stop: threading.Event) -> None:
@@ -284,7 +284,8 @@ class Reflector:
 
 
 def _slim(obj: Any) -> None:
-    """What the cache keeps of an object: all of it but metadata.managedFields (module docstring)."""
+    """What the cache keeps of an object: all of it but metadata.managedFields (why:
+    docs/design/kubernetes-machinery.md)."""
     metadata = obj.get("metadata") if isinstance(obj, dict) else None
     if isinstance(metadata, dict):
         metadata.pop("managedFields", None)

@@ -27,7 +27,7 @@ K = TypeVar("K", bound=Hashable)
 
 
 class WorkQueue(Generic[K]):
-    """See the module docstring. Keys must be hashable and not None."""
+    """Semantics: docs/design/kubernetes-machinery.md. Keys must be hashable and not None."""
 
     def __init__(self, name: str, *, rate_limiter: ItemExponentialBackoff[K] | None = None) -> None:
         self.name = name
