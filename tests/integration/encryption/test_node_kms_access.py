@@ -49,7 +49,10 @@ def plugin_kubeconfig(node_service_account: Callable[..., Path]) -> Path:
 
 
 @pytest.fixture
-def kms_driver(ceph_cluster: CephTestCluster, control_plane: ControlPlane, tmp_path: Path) -> Iterator[tuple[DriverProcess, str]]:
+def tenant_kms_driver(ceph_cluster: CephTestCluster, control_plane: ControlPlane,
+                      tmp_path: Path) -> Iterator[tuple[DriverProcess, str]]:
+    """A controller whose `metadata` KMS reads the tenant's Secret through the API (not the
+    module-scoped kms_driver of this folder's conftest: this one names secretName)."""
     config = ceph_cluster.write_config(tmp_path / "config.json")
     kms = tmp_path / "kms.json"
     kms.write_text(json.dumps({KMS_ID: {"encryptionKMSType": "metadata", "secretName": SECRET}}))
@@ -70,9 +73,9 @@ def node_config(kubeconfig: Path, kms: str, tmp_path: Path) -> NodeConfig:
 
 
 def test_node_unlocks_with_the_secret_of_the_claims_namespace(
-        kms_driver: tuple[DriverProcess, str], ceph_cluster: CephTestCluster, control_plane: ControlPlane,
+        tenant_kms_driver: tuple[DriverProcess, str], ceph_cluster: CephTestCluster, control_plane: ControlPlane,
         kube_namespace: str, plugin_kubeconfig: Path, tmp_path: Path) -> None:
-    driver, kms = kms_driver
+    driver, kms = tenant_kms_driver
     with control_plane.api_client() as admin:
         core = kubernetes.client.CoreV1Api(admin)
         core.create_namespaced_secret(kube_namespace, {"metadata": {"name": SECRET},
