@@ -10,6 +10,7 @@ builds it, tests/vm/build_image.sh).
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import pathlib
@@ -100,6 +101,30 @@ def boot_free_node(image: VmImage, workdir: str, indexes: Iterable[int], memory_
             continue
         return node
     return None
+
+
+@contextlib.contextmanager
+def second_node(image: VmImage, cluster: CephTestCluster, first: VmNode) -> Iterator[VmEnv]:
+    """Another VM node with its own node plugin, for a module that needs two nodes (one more boot,
+    25-140 s under TCG); skips when every index is held. Stopped afterwards, also when a test
+    killed it already."""
+    workdir = tempfile.mkdtemp(prefix="vm2-", dir="/tmp")
+    node = None
+    try:
+        others = (index for index in range(2 * MAX_CONCURRENT_SESSIONS) if index != first.index)
+        node = boot_free_node(image, workdir, others)
+        if node is None:
+            pytest.skip("VM tier: no free VM node index for a second node on this machine")
+        print(f"\nsecond VM node {node.index} ({node.accel}) ready after {node.boot_seconds:.0f}s")
+        guest = GuestPlugin(node, cluster)
+        guest.start()
+        yield VmEnv(node, guest, cluster)
+    finally:
+        if node is not None:
+            if os.environ.get("KEEP_VM_LOGS"):
+                print(node.diagnostics(400), node.read_file("plugin.log"))
+            node.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="package")

@@ -15,9 +15,6 @@ Cost: one more boot (25-140 s under TCG) and about a minute and a half of calls.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +24,7 @@ import pytest
 
 from cephcsi._generated import csi_pb2
 from tests.ceph.fixtures import CephTestCluster
-from tests.vm.conftest import MAX_CONCURRENT_SESSIONS, VmEnv, VmVolume, boot_free_node
+from tests.vm.conftest import VmEnv, VmVolume, second_node
 from tests.vm.guestio import read_payload, stage_record, write_payload
 from tests.vm.machine import VmImage, VmNode, scaled
 from tests.vm.plugin import GuestPlugin
@@ -44,23 +41,8 @@ RWX_BLOCK = Cap(block=Cap.BlockVolume(), access_mode=Cap.AccessMode(mode=Cap.Acc
 
 @pytest.fixture(scope="module")
 def other_env(vm_image: VmImage, vm_cluster: CephTestCluster, vm_node: VmNode) -> Iterator[VmEnv]:
-    workdir = tempfile.mkdtemp(prefix="vm2-", dir="/tmp")
-    node = None
-    try:
-        others = (index for index in range(2 * MAX_CONCURRENT_SESSIONS) if index != vm_node.index)
-        node = boot_free_node(vm_image, workdir, others)
-        if node is None:
-            pytest.skip("VM tier: no free VM node index for a second node on this machine")
-        print(f"\nsecond VM node {node.index} ({node.accel}) ready after {node.boot_seconds:.0f}s")
-        guest = GuestPlugin(node, vm_cluster)
-        guest.start()
-        yield VmEnv(node, guest, vm_cluster)
-    finally:
-        if node is not None:
-            if os.environ.get("KEEP_VM_LOGS"):
-                print(node.diagnostics(400), node.read_file("plugin.log"))
-            node.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    with second_node(vm_image, vm_cluster, vm_node) as env:
+        yield env
 
 
 def stage(volume: VmVolume, staging: str) -> None:
