@@ -130,7 +130,8 @@ def test_bad_encryption_is_invalid_argument(kms_driver: DriverProcess, ceph_clus
 
 
 @pytest.mark.parametrize("point", ["create.after-image", "create.after-key"])
-def test_a_create_killed_around_the_key_is_settled_by_its_retry(ceph_cluster: CephTestCluster, kms_controller: Callable[..., KmsController],
+def test_a_create_killed_around_the_key_is_settled_by_its_retry(ceph_cluster: CephTestCluster,
+                                                                kms_controller: Callable[..., KmsController],
                                                                 point: str) -> None:
     """Killed after the image but before its passphrase (or after it, before the answer): the
     retry finds the image, gives it a passphrase or keeps the one it has, and answers."""
@@ -163,7 +164,8 @@ def test_a_create_killed_around_the_key_is_settled_by_its_retry(ceph_cluster: Ce
         retry.cleanup()
 
 
-def test_a_clone_keeps_the_state_its_data_was_cut_with(ceph_cluster: CephTestCluster, kms_controller: Callable[..., KmsController]) -> None:
+def test_a_clone_keeps_the_state_its_data_was_cut_with(ceph_cluster: CephTestCluster,
+                                                       kms_controller: Callable[..., KmsController]) -> None:
     """A clone cut while its source was still blank ("encryptionPrepared"), whose create was
     killed before the key step, while the source was then formatted by a node ("encrypted"):
     the retry keeps the clone "encryptionPrepared" (what librbd copied with its data), so its

@@ -94,8 +94,8 @@ def test_a_snapshot_waits_for_a_rotation_then_gives_up_with_aborted(kms_driver: 
     assert volume.volume_id not in objects(ceph_cluster)
 
 
-def test_a_controller_killed_holding_the_lock_leaves_one_that_lapses(ceph_cluster: CephTestCluster,
-                                                                     kms_controller: Callable[..., KmsController]) -> None:
+def test_a_controller_killed_holding_the_lock_leaves_one_that_lapses(
+        ceph_cluster: CephTestCluster, kms_controller: Callable[..., KmsController]) -> None:
     config, args = kms_controller()
     plain = DriverProcess(config, mode="controller", args=args)
     plain.start()
@@ -198,7 +198,8 @@ def break_dead_controllers_lock(cluster: CephTestCluster, volume_id: str) -> Non
 
 
 @pytest.mark.parametrize("copy", ["snapshot", "clone"])
-def test_a_rotation_after_a_killed_cut_does_not_reach_the_copy(ceph_cluster: CephTestCluster, kms_controller: Callable[..., KmsController],
+def test_a_rotation_after_a_killed_cut_does_not_reach_the_copy(ceph_cluster: CephTestCluster,
+                                                               kms_controller: Callable[..., KmsController],
                                                                copy: str) -> None:
     """A controller killed between the cut and the key copy, its lock lapsed, then the source's
     key rotated (metadata KMS): the retry gives the copy the passphrase its header was cut with
