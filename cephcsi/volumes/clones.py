@@ -12,6 +12,17 @@ Steps after the volume's journal record (which names the source, so a repeat wit
 source is ALREADY_EXISTS): clone → grow to the requested size → image id → flatten policy. A
 retry after a crash anywhere, including inside librbd's clone, finds a finished clone and
 continues, or finds clone debris (no parent link) and removes it first.
+
+An encrypted clone of a volume is cut under the source's rotation lock (held by the caller from
+before `ensure` to the key copy). A retry that finds an earlier attempt's finished clone without
+its passphrase cannot trust that cut when the copy would read the source's *current* passphrase
+(a KMS that keeps passphrases itself, such as vault/vaulttokens, or a source under ceph-csi's
+older `.`-key, which librbd's clone does not carry): the earlier attempt's lock lapsed when it
+died, and a rotation since then would give the clone a header its copied passphrase does not
+open. Such a clone was never answered (the key copy comes before the answer), so it holds no
+data of its own: it is removed and cut again under this call's lock, which makes the source's
+current passphrase the cut's again. For the same reason an earlier attempt's temporary snapshot
+on an encrypted source is never reused.
 """
 from __future__ import annotations
 
@@ -23,6 +34,8 @@ from cephcsi.ceph import image_access, image_metadata, images, layering
 from cephcsi.ceph.connection import Ioctx, Session
 from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.ceph.errors import ceph_call
+from cephcsi.encryption import volume_keys
+from cephcsi.encryption.volume_keys import ImageRef
 from cephcsi.errors import AlreadyExists, Internal, InvalidArgument, NotFound, OperationInFlight, OutOfRange
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import failpoints, flatten, sources
@@ -31,6 +44,8 @@ from cephcsi.volumes.journal import Record
 from cephcsi.volumes.volume_id import VolumeId
 
 if TYPE_CHECKING:
+    from cephcsi.encryption.spec import EncryptionSpec
+    from cephcsi.encryption.volume_keys import VolumeKeys
     from cephcsi.volumes.manager import CreateRequest
 
 log = logging.getLogger(__name__)
@@ -90,9 +105,11 @@ class Cloner:
         self.lock_seconds = lock_seconds
 
     def ensure(self, session: Session, io: Ioctx, request: CreateRequest,
-               record: Record) -> tuple[str, int, bool]:
+               record: Record, keys: VolumeKeys | None = None) -> tuple[str, int, bool]:
         """(image id, size, whether the request's metadata was written) of the volume's image,
-        cloning it from the request's source first."""
+        cloning it from the request's source first. `keys`: where an encrypted clone's
+        passphrase is kept, to tell an earlier attempt's cut that must be cut again (module
+        docstring); without them an earlier cut is always kept."""
         source = request.source
         if source is None or record.get(SOURCE_KEY) != source.encode():
             raise AlreadyExists(f"volume {request.name!r} already exists with content source "
@@ -100,9 +117,14 @@ class Cloner:
         name = record.image_name
         if layering.finished_clone(session, io, name):
             # An earlier attempt cloned it: finish without the source (it may be gone by now).
-            if source.kind == "volume":
-                self._drop_temporary(session, source, record)
-            return self._finish(session, io, request, name, target_size(request, _size(io, name)))
+            if source.kind != "volume":
+                return self._finish(session, io, request, name, target_size(request, _size(io, name)))
+            self._drop_temporary(session, source, record)
+            if keys is None or not self._untrusted_cut(session, io, request, source, record, keys):
+                return self._finish(session, io, request, name, target_size(request, _size(io, name)))
+            log.info("clone cut again: its earlier cut's passphrase cannot be known",
+                     extra=fields(image=name, source=source.source_id))
+            layering.remove_debris(io, name)
         try:
             size, cloned = self._clone(session, io, request, source, record)
         except (NotFound, InvalidArgument):
@@ -127,6 +149,36 @@ class Cloner:
             layering.clone(session, parent.io, parent.image, parent.snap, io, record.image_name, self._features(request),
                            request.parameters.data_pool or None, parent_id=parent.image_id)
             return size, parent.size
+
+    def _untrusted_cut(self, session: Session, io: Ioctx, request: CreateRequest, source: ContentSource,
+                       record: Record, keys: VolumeKeys) -> bool:
+        """An encrypted clone an earlier attempt cut, with no passphrase kept for it yet, whose key
+        copy would read its source's current passphrase (VolumeKeys.copy_reads_source_now)."""
+        spec, params = request.parameters.encryption, request.parameters
+        if spec is None:
+            return False
+        target = ImageRef(io, record.image_name, VolumeId(params.cluster_id, io.get_pool_id(), record.uuid).encode())
+        if keys.keeps_key(target, spec, request.secrets, params.tenant):
+            return False  # copied under that attempt's lock, confirmed unlapsed: the cut's
+        source_spec = self._source_spec(session, source, spec)
+        if source_spec is None:
+            return False  # the source is gone: nothing to cut again from; the key copy says so
+        return keys.copy_reads_source_now(source_spec, target, request.secrets, params.tenant)
+
+    def _source_spec(self, session: Session, source: ContentSource, spec: EncryptionSpec) -> EncryptionSpec | None:
+        """The encryption the source volume's journal record names (`spec`, the clone's, when it
+        names none, as Encryption.settle reads it); None when the source is gone."""
+        entry_id = sources.decode(source.source_id, "source volume")
+        try:
+            with sources.opened(session, entry_id, "source volume") as (_, source_io):
+                journal = sources.volume_journal(source_io, self.instance_id, self.lock_seconds, self.keeper, session)
+                found = journal.read(entry_id.object_uuid)
+        except NotFound:
+            return None
+        if found is None:
+            return None
+        return volume_keys.spec_of_record({key: found.get(key)
+                                           for key in (volume_keys.RECORD_KMS_KEY, volume_keys.RECORD_TYPE_KEY)}) or spec
 
     def _forget(self, session: Session, io: Ioctx, record: Record) -> None:
         """The source does not exist and no finished clone of it does: drop clone debris, name
@@ -175,7 +227,11 @@ class Cloner:
                 image_access.open_image(source_io, source_record.image_name) as source:
             cloned = int(source.size())
             size = target_size(request, cloned)
-            sources.sweep_temporaries(source, source_record.image_name, keep=temp)
+            # An encrypted source's temporary snapshot left by an earlier attempt predates this
+            # call's rotation lock (the clone would get its old header with the metadata, and so
+            # the passphrase, of now): swept too, and cut again.
+            keep = "" if request.parameters.encryption is not None else temp
+            sources.sweep_temporaries(source, source_record.image_name, keep=keep)
             flatten.limit_snapshots(session, source, flatten.Placement(
                 pool, source_io.get_namespace(), source_record.image_name), self.policy)
             layering.ensure_snap(source, temp)
@@ -186,15 +242,36 @@ class Cloner:
             layering.remove_snap(source, temp)
         return size, cloned
 
+    def drop_temporary_of(self, session: Session, record: Record) -> None:
+        """DeleteVolume of a clone of a volume (its record, before it goes): the temporary
+        snapshot a killed CreateVolume left on the source, which no retry will remove now (the
+        CO gave up the claim). Without this only the next snapshot or clone of the source, the
+        source's own delete, or `cephcsi audit --repair` would."""
+        kind, _, source_id = record.get(SOURCE_KEY).partition(":")
+        if kind == "volume" and source_id:
+            self._drop_temporary(session, ContentSource(kind, source_id), record)
+
     def _drop_temporary(self, session: Session, source: ContentSource, record: Record) -> None:
-        """Remove the clone's temporary snapshot from its source volume if still there."""
+        """Remove the clone's temporary snapshot from its source volume if still there. Looked
+        for read-only first: it is almost never there, and a read-write open under the source's
+        lease would add a watch and a lease to every retry and every delete of a clone."""
         temp = f"{layering.TEMP_SNAP_PREFIX}{record.uuid}"
         try:
             entry_id = sources.decode(source.source_id, "source volume")
             with sources.opened(session, entry_id, "source volume") as (_, source_io):
                 journal = sources.volume_journal(source_io, self.instance_id, self.lock_seconds, self.keeper, session)
+                found = journal.read(entry_id.object_uuid)
+                if found is None:
+                    return  # the source is gone; its temporary snapshot went with it
+                with ceph_call("look for a temporary snapshot", f"image {found.image_name!r}"):
+                    left = image_access.if_exists(source_io, lambda image: layering.user_snap(image, temp) is not None,
+                                                  found.image_name, read_only=True)
+                if not left:
+                    return
                 with sources.hold_source(journal, entry_id.object_uuid) as source_record, \
                         ceph_call("remove temporary snapshot", f"image {source_record.image_name!r}"):
+                    log.info("removing the temporary snapshot of an interrupted clone",
+                             extra=fields(image=source_record.image_name, snapshot=temp))
                     image_access.if_exists(source_io, lambda image: layering.remove_snap(image, temp),
                                            source_record.image_name)
         except NotFound:

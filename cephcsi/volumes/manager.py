@@ -159,7 +159,8 @@ class VolumeManager:
                         rotation.enter_context(self.encryption.source_held(session, request.source, params.encryption,
                                                                            volume_id.encode()))
                         if self.cloner is not None and (request.source is not None or clones.has_source(record)):
-                            image_id, size, written = self.cloner.ensure(session, io, request, record)
+                            image_id, size, written = self.cloner.ensure(session, io, request, record,
+                                                                         keys=self.encryption.keys)
                         else:
                             image_id, size, made = new_images.ensure(session, io, request, journal, record, fresh, order)
                         if record.get(PLANNED_IMAGE_ID):
@@ -321,6 +322,9 @@ class VolumeManager:
             journal.discard_orphan(uuid)
             return
         hold.ensure_held()
+        if self.cloner is not None and clones.has_source(record):
+            # A clone killed after its temporary snapshot on the source, then given up by the CO.
+            self.cloner.drop_temporary_of(session, record)
         self._remove_image(session, io, pool, journal, record)
         failpoints.reach("delete.after-image")
         # A KMS that keeps the passphrase forgets it once the image is out of service, before the
