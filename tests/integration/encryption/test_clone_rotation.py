@@ -20,13 +20,15 @@ from pathlib import Path
 
 import grpc
 import pytest
+import rbd
 
 from cephcsi.ceph.rotation_lock import lock_name
 from cephcsi.encryption.kms import secrets as secrets_kms
 from cephcsi.encryption.volume_keys import new_passphrase
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.helpers import MiB, image_of, until_ok
-from tests.integration.controller.snapshot_helpers import delete_all, from_volume, read, write
+from tests.integration.controller.pool_state import admin_ioctx
+from tests.integration.controller.snapshot_helpers import delete_all, from_volume, read, snapshot_request, write
 from tests.integration.driver import DriverProcess
 from tests.integration.encryption.test_controller_keys import KEK, encrypted_request, meta
 from tests.integration.encryption.test_rotation_lock import break_dead_controllers_lock, lockers, rotate_lock
@@ -129,6 +131,14 @@ def rotate(cluster: CephTestCluster, keys: Keys, volume_id: str, header: Path) -
     return new
 
 
+def blocklist_watchers(cluster: CephTestCluster, image: str) -> None:
+    """What the OSD's watch timeout (30 s) does for a killed controller's watch on the source, at
+    once: the retry's write to the source (the temporary snapshot's removal) need not wait for it."""
+    status = json.loads(cluster.admin("rbd", "status", "--format", "json", f"{cluster.pool}/{image}"))
+    for watcher in status.get("watchers", []):
+        cluster.admin("ceph", "osd", "blocklist", "add", str(watcher["address"]))
+
+
 def image_id(cluster: CephTestCluster, image: str) -> str:
     return str(json.loads(cluster.admin("rbd", "info", "--format", "json", f"{cluster.pool}/{image}"))["id"])
 
@@ -191,6 +201,7 @@ def test_a_clone_killed_after_its_cut_and_retried_after_a_rotation_opens(
             # What makes this source like vault: librbd's clone left its `.`-key behind.
             assert not {"rbd.csi.ceph.com/dek", OLD_DEK} & set(meta(ceph_cluster, clones[0]))
         break_dead_controllers_lock(ceph_cluster, volume.volume_id)
+        blocklist_watchers(ceph_cluster, image_of(volume.volume_id))
         new = rotate(ceph_cluster, keys, volume.volume_id, header)
 
         clone = until_ok(lambda: ctl.CreateVolume(clone_request, timeout=60).volume)
@@ -214,3 +225,63 @@ def test_a_clone_killed_after_its_cut_and_retried_after_a_rotation_opens(
             assert kept(vault_server, clone.volume_id) is None
     finally:
         retry.cleanup()
+
+
+@pytest.mark.skipif(shutil.which("cryptsetup") is None, reason="no cryptsetup (Debian package cryptsetup-bin)")
+def test_a_snapshot_of_a_legacy_key_source_killed_after_its_cut_opens(ceph_cluster: CephTestCluster,
+                                                                     tmp_path: Path) -> None:
+    """The snapshot path with a `.rbd.csi.ceph.com/dek` source (metadata KMS): its cut carries no
+    wrapped passphrase, so the retry after a rotation cuts again instead of giving the earlier
+    cut the source's new passphrase; the snapshot's passphrase opens the snapshot's header."""
+    config = ceph_cluster.write_config(tmp_path / "config.json")
+    kms = tmp_path / "kms.json"
+    kms.write_text(json.dumps({"meta": {"encryptionKMSType": "metadata"}}))
+    args = [f"--kms-config={kms}", "--journal-lock-timeout=2s"]
+    keys = Keys(ceph_cluster, None)
+    retry = DriverProcess(config, mode="controller", args=args)
+    retry.start()
+    try:
+        volume = retry.controller.CreateVolume(encrypted_request(ceph_cluster, "pvc-snaprot-legacy")).volume
+        keys.make_legacy(volume.volume_id)
+        header = tmp_path / "header.img"
+        first = keys.kept(volume.volume_id)
+        assert first is not None
+        format_source(ceph_cluster, volume.volume_id, first, header)
+        request = snapshot_request(ceph_cluster, volume.volume_id, name="snap-rot-legacy")
+        request.secrets["encryptionPassphrase"] = KEK
+        before = set(ceph_cluster.images())
+        doomed = DriverProcess(config, mode="controller", args=args,
+                               env={"CEPHCSI_FAILPOINTS": "snapshot.after-clone"})
+        doomed.start()
+        try:
+            with pytest.raises(grpc.RpcError) as caught:
+                doomed.controller.CreateSnapshot(request)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value.details()  # the kill
+            assert doomed.process is not None and doomed.process.wait(timeout=30) == -9
+        finally:
+            doomed.cleanup()
+        (cut,) = sorted(set(ceph_cluster.images()) - before)
+        assert not {"rbd.csi.ceph.com/dek", OLD_DEK} & set(meta(ceph_cluster, cut))
+        earlier = image_id(ceph_cluster, cut)
+        break_dead_controllers_lock(ceph_cluster, volume.volume_id)
+        blocklist_watchers(ceph_cluster, image_of(volume.volume_id))
+        new = rotate(ceph_cluster, keys, volume.volume_id, header)
+
+        snapshot = until_ok(lambda: retry.controller.CreateSnapshot(request, timeout=60).snapshot)
+        assert image_id(ceph_cluster, cut) != earlier, "the untrustworthy cut was kept"
+        passphrase = secrets_kms.unwrap(KEK, snapshot.snapshot_id, meta(ceph_cluster, cut)["rbd.csi.ceph.com/dek"], "t")
+        assert passphrase == new != first
+        cut_header = tmp_path / "snapshot-header.img"
+        with cut_header.open("wb") as out:
+            out.write(read_image(ceph_cluster, cut, HEADER))
+            out.truncate(4 * MiB)
+        assert opens(cut_header, passphrase), "the snapshot's passphrase does not open the snapshot's LUKS header"
+        assert lockers(ceph_cluster, volume.volume_id) == []
+        delete_all(retry, ceph_cluster, [snapshot.snapshot_id], [volume.volume_id])
+    finally:
+        retry.cleanup()
+
+
+def read_image(cluster: CephTestCluster, image: str, length: int) -> bytes:
+    with admin_ioctx(cluster) as io, rbd.Image(io, image, read_only=True) as opened:
+        return bytes(opened.read(0, length))
