@@ -12,7 +12,7 @@ node calls). For krbd (`exclusive`) and rbd-nbd (`--exclusive`):
    may wake). Without the taint a VolumeAttachment to B is refused (attachError naming A and the
    out-of-service taint) and the image stays recorded to A only;
 3. the out-of-service taint on A and its VolumeAttachment deleted (what kcm does): the attacher
-   blocklists A's address before it releases the attachment;
+   blocklists A's address before it releases the attachment, and the OSDs drop A's watch;
 4. attached to B; B stages at once (A's exclusive lock and watch do not hold it up) and reads
    every record A acknowledged;
 5. A wakes (SIGCONT): its writer's next write/fsync fails, and the image holds exactly the
@@ -43,6 +43,7 @@ import kubernetes.client
 import pytest
 
 from cephcsi._generated import csi_pb2
+from cephcsi.ceph.publish_keys import NODE_ADDRESSES
 from tests.ceph.fixtures import CephTestCluster
 from tests.controlplane.cluster import ControlPlane
 from tests.integration.sidecars.harness import FAST_ELECTION, ControllerProcess, Kube, wait_for
@@ -169,6 +170,15 @@ def records_on_image(cluster: CephTestCluster, image: str) -> set[int]:
             return {int(found) for found in RECORD.findall(handle.read())}
 
 
+def reported_address(cluster: CephTestCluster, node: str) -> str:
+    """The client address the node's plugin reported in the pool (cephcsi.node.client_address)."""
+    with tempfile.TemporaryDirectory(prefix="vmfence-", dir="/tmp") as folder:
+        path = os.path.join(folder, "value")
+        cluster.admin("rados", "-p", cluster.pool, "getomapval", NODE_ADDRESSES, node, path)
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+
+
 def image_meta_keys(cluster: CephTestCluster, image: str) -> list[str]:
     text = cluster.admin("rbd", "image-meta", "list", "--format", "json", f"{cluster.pool}/{image}")
     return sorted(json.loads(text or "{}"))
@@ -222,6 +232,8 @@ def test_hung_node_is_fenced_and_another_node_takes_over_every_acknowledged_writ
         on_a.stage(staging_a, cap)
         on_a.publish(staging_a, target_a, cap)
         assert stage_record(a.vm, staging_a)["mapper"] == mounter
+        # A's node plugin reported its client address where the controller looks for it.
+        assert reported_address(cluster, name_a) == a.vm.address
         a.vm.check(f"rm -f {ack} {stop}")
         pid = a.vm.spawn(f"exec python3 {writer} {target_a}/records {ack} {stop}", "writer")
         wait_for_progress(a.vm, ack, 20, 120, lambda: a.plugin.log()[-3000:])
@@ -252,6 +264,10 @@ def test_hung_node_is_fenced_and_another_node_takes_over_every_acknowledged_writ
         print(f"\n{mounter}: node A fenced and its attachment released after "
               f"{time.monotonic() - fence_started:.1f}s: {attacher.fenced(a.vm.address)}")
         at_fence = records_on_image(cluster, image)
+        # The OSDs drop the fenced client's watch at once (a powered-off node's stays for the
+        # watch timeout: the last test), so nothing of A's holds up B.
+        wait_for("A's watch dropped", lambda: not any(w.startswith(f"{a.vm.address}:") for w in watchers(cluster, image)),
+                 timeout=scaled(10))
 
         # 4. B takes over at once and reads every record A acknowledged.
         attacher.attach(va_b, pv, name_b)
