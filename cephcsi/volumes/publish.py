@@ -23,13 +23,17 @@ node's keys removed; the caller releases the attachment after that. A crash betw
 steps leaves a state the retry finishes (the ledger entry and blocklist add are idempotent).
 `unfence` reverses it from the ledger when the node is back.
 
-Concurrency: calls on one volume are serialised in this process (ABORTED for the second); only
-the leader's attacher calls them, so two processes do not race on one volume.
+Concurrency: calls on one volume are serialised in this process (ABORTED for the second). Across
+processes (two replicas during a leader hand-over, a stale leader) a publish's check and write
+are one guarded RADOS operation on the header (`Publisher._record`), so two publishes of a
+single-node volume to two nodes never both succeed. Unpublish only removes a node's keys and
+needs no guard: removing a holder cannot make two.
 """
 from __future__ import annotations
 
 import logging
 import re
+import uuid
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -38,9 +42,10 @@ from typing import Protocol
 from cephcsi.ceph import blocklist, header_metadata, images, omap
 from cephcsi.ceph.connection import ConnectionCache, Ioctx, Session
 from cephcsi.ceph.credentials import Credentials
-from cephcsi.ceph.publish_keys import ADDRESS_PREFIX, EARLY_ADDRESS_PREFIX, FENCE_LEDGER, NODE_ADDRESSES, USER_PREFIX
+from cephcsi.ceph.publish_keys import (ADDRESS_PREFIX, EARLY_ADDRESS_PREFIX, FENCE_LEDGER, NODE_ADDRESSES, PUBLISH_GUARD,
+                                       USER_PREFIX)
 from cephcsi.config.clusters import ClusterRegistry
-from cephcsi.errors import FailedPrecondition, InvalidArgument, NotFound
+from cephcsi.errors import FailedPrecondition, InvalidArgument, NotFound, OperationInFlight
 from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import failpoints
@@ -52,6 +57,9 @@ log = logging.getLogger(__name__)
 FENCE_SECONDS = 365 * 24 * 3600
 """Blocklist expiry (ceph-csi's: one year). Long enough to outlast any outage; `unfence`
 removes the entries when the node is back."""
+_GUARD_ATTEMPTS = 5
+"""Reads-and-guarded-writes of a publish before it gives up (ABORTED): each lost attempt means
+another publish of the volume landed in between, so a few suffice unless callers storm it."""
 MAX_NODE_ID = 253
 _NODE_ID = re.compile(r"^[^/\s\x00]+$")
 
@@ -131,21 +139,8 @@ class Publisher:
             if target is None:
                 raise NotFound(f"volume {volume_id!r} does not exist")
             with session.ioctx(target.pool) as io:
-                metadata = header_metadata.read(io, target.record.image_name, target.header_id)
-                held = holders(metadata, volume_id)
-                if node_id in held:
+                if not self._record(io, target, node_id, single_node, credentials):
                     return  # published already: idempotent
-                others = sorted(n for n in held if n != node_id)
-                if single_node and others:
-                    raise FailedPrecondition(
-                        f"volume {volume_id!r} is published to node {', '.join(others)} and its access mode allows "
-                        f"one node only; it can be published to {node_id!r} once Kubernetes detached it from there "
-                        "(the pod there is gone). If that node is lost, mark it out of service: kubectl taint nodes "
-                        f"{others[0]} node.kubernetes.io/out-of-service=nodeshutdown:NoExecute "
-                        "(docs/troubleshooting.md, Node loss)")
-                failpoints.reach("publish.before-record")
-                header_metadata.set_keys(io, target.record.image_name, target.header_id, {
-                    address_key(volume_id, node_id): "", user_key(volume_id, node_id): credentials.user_id})
         log.info("volume published", extra=fields(volume=volume_id, node=node_id, image=target.record.image_name))
 
     def unpublish(self, volume_id: str, node_id: str, credentials: Credentials, fence: bool) -> list[str]:
@@ -194,6 +189,44 @@ class Publisher:
             return omap.read(io, FENCE_LEDGER) or {}
 
     # ---- steps ---------------------------------------------------------------------------------
+
+    def _record(self, io: Ioctx, target: Target, node_id: str, single_node: bool, credentials: Credentials) -> bool:
+        """Write the node's record unless it is there (False) or, for a single-node volume,
+        another node holds the volume (FailedPrecondition naming it).
+
+        The check and the write must be one atomic step across processes, not just in this one:
+        two controller replicas right after a leader change (or a stale leader) may publish the
+        same volume to two nodes at once, and the per-volume lock of each process does not see
+        the other's call. Both would read "nobody holds it" and both write their record. So the
+        record is written with an omap compare on the header in the same RADOS operation: the
+        header's PUBLISH_GUARD key must still hold the token read together with the holders,
+        and the write replaces it. The second writer's compare fails (nothing written); it reads
+        again, now sees the first node, and is refused. The holders themselves cannot be
+        compared (a compare names keys, and the competitor's key is not known in advance)."""
+        volume_id = target.volume_id.encode()
+        name, header = target.record.image_name, target.header_id
+        for _ in range(_GUARD_ATTEMPTS):
+            metadata, token = header_metadata.read_guarded(io, name, header, PUBLISH_GUARD)
+            held = holders(metadata, volume_id)
+            if node_id in held:
+                return False
+            others = sorted(n for n in held if n != node_id)
+            if single_node and others:
+                raise FailedPrecondition(
+                    f"volume {volume_id!r} is published to node {', '.join(others)} and its access mode allows "
+                    f"one node only; it can be published to {node_id!r} once Kubernetes detached it from there "
+                    "(the pod there is gone). If that node is lost, mark it out of service: kubectl taint nodes "
+                    f"{others[0]} node.kubernetes.io/out-of-service=nodeshutdown:NoExecute "
+                    "(docs/troubleshooting.md, Node loss)")
+            failpoints.reach("publish.before-record")
+            if header_metadata.set_keys_if(io, name, header, {
+                    address_key(volume_id, node_id): "", user_key(volume_id, node_id): credentials.user_id},
+                    PUBLISH_GUARD, token, uuid.uuid4().hex):
+                return True
+            log.info("volume's publish record changed by another writer meanwhile; reading it again",
+                     extra=fields(volume=volume_id, node=node_id, image=name))
+        raise OperationInFlight(f"volume {volume_id!r} is being published by other callers at the same time "
+                                f"({_GUARD_ATTEMPTS} attempts to record node {node_id!r} lost the race); retry")
 
     def _fence(self, session: Session, io: Ioctx, target: Target, metadata: Mapping[str, str],
                node_id: str) -> list[str]:
