@@ -115,12 +115,13 @@ class Cloner:
             raise AlreadyExists(f"volume {request.name!r} already exists with content source "
                                 f"{record.get(SOURCE_KEY) or 'none'!r}, not {source.encode() if source else 'none'!r}")
         name = record.image_name
-        if layering.finished_clone(session, io, name):
+        answered = _answered(io, record)
+        if answered or layering.finished_clone(session, io, name):
             # An earlier attempt cloned it: finish without the source (it may be gone by now).
             if source.kind != "volume":
                 return self._finish(session, io, request, name, target_size(request, _size(io, name)))
             self._drop_temporary(session, source, record)
-            if keys is None or not self._untrusted_cut(session, io, request, source, record, keys):
+            if answered or keys is None or not self._untrusted_cut(session, io, request, source, record, keys):
                 return self._finish(session, io, request, name, target_size(request, _size(io, name)))
             log.info("clone cut again: its earlier cut's passphrase cannot be known",
                      extra=fields(image=name, source=source.source_id))
@@ -183,7 +184,7 @@ class Cloner:
     def _forget(self, session: Session, io: Ioctx, record: Record) -> None:
         """The source does not exist and no finished clone of it does: drop clone debris, name
         and record (under the volume's lease) so a later request for the name starts afresh."""
-        if layering.finished_clone(session, io, record.image_name):
+        if _answered(io, record) or layering.finished_clone(session, io, record.image_name):
             return
         layering.remove_debris(io, record.image_name)
         journal = sources.volume_journal(io, self.instance_id, self.lock_seconds, self.keeper)
@@ -314,3 +315,12 @@ class Cloner:
 def _size(io: Ioctx, name: str) -> int:
     with ceph_call("open cloned image", f"image {name!r}"), image_access.open_image(io, name, read_only=True) as image:
         return int(image.size())
+
+
+def _answered(io: Ioctx, record: Record) -> bool:
+    """The record's image is the one a finished CreateVolume journaled (its id goes to the record
+    with the lease's release, after the answer's last step). Such a clone is the user's volume
+    even when it no longer links to a parent (flattened by the mgr or an admin): without this,
+    a repeated CreateVolume, which the CSI contract allows at any time, would take it for the
+    debris of a killed clone and clone again over its data."""
+    return bool(record.image_id) and images.lookup_id(io, record.image_name) == record.image_id

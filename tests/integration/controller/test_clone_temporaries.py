@@ -16,7 +16,8 @@ from cephcsi._generated import csi_pb2
 from cephcsi.volumes.volume_id import VolumeId
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.helpers import create_request, image_of, journal_entries, until_ok
-from tests.integration.controller.snapshot_helpers import delete_all, from_volume
+from tests.integration.controller.snapshot_helpers import (delete_all, from_snapshot, from_volume, pattern, read,
+                                                          snapshot_request, write)
 from tests.integration.driver import DriverProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
@@ -78,3 +79,30 @@ def test_delete_of_a_clone_killed_after_its_temporary_snapshot_removes_it(
     clone = until_ok(lambda: healthy.controller.CreateVolume(request, timeout=60).volume)
     assert temporaries(ceph_cluster, image_of(source.volume_id)) == []
     delete_all(healthy, ceph_cluster, [], [clone.volume_id, source.volume_id])
+
+
+@pytest.mark.parametrize("kind", ["volume", "snapshot"])
+def test_a_repeated_create_of_a_flattened_clone_keeps_its_data(
+        ceph_cluster: CephTestCluster, healthy: DriverProcess, kind: str) -> None:
+    """CreateVolume may be repeated at any time with the same name (the CSI contract); once a
+    clone is flattened (the mgr's flatten task, or an admin's `rbd flatten`) it has no parent link
+    any more, which must not make the repeat take it for the debris of a killed clone and
+    re-clone it over the data written since."""
+    source = healthy.controller.CreateVolume(create_request(ceph_cluster, name=f"pvc-flat-src-{kind}"),
+                                             timeout=60).volume
+    snapshots: list[str] = []
+    if kind == "snapshot":
+        snap = healthy.controller.CreateSnapshot(snapshot_request(ceph_cluster, source.volume_id), timeout=60).snapshot
+        snapshots.append(snap.snapshot_id)
+        request = from_snapshot(ceph_cluster, snap.snapshot_id, name="pvc-flat-clone-snapshot")
+    else:
+        request = from_volume(ceph_cluster, source.volume_id, name="pvc-flat-clone-volume")
+    clone = healthy.controller.CreateVolume(request, timeout=60).volume
+    ceph_cluster.admin("rbd", "flatten", f"{ceph_cluster.pool}/{image_of(clone.volume_id)}")
+    written = pattern(f"written-after-flatten-{kind}")
+    write(ceph_cluster, clone.volume_id, written)
+
+    again = healthy.controller.CreateVolume(request, timeout=60).volume
+    assert again.volume_id == clone.volume_id
+    assert read(ceph_cluster, clone.volume_id, len(written)) == written
+    delete_all(healthy, ceph_cluster, snapshots, [clone.volume_id, source.volume_id])
