@@ -74,23 +74,35 @@ def add_member(io: rados.Ioctx, group: str, image_name: str) -> None:
                 raise
 
 
+GROUP_SNAP_COMPLETE = 1
+"""rbd_group_snap_state_t: INCOMPLETE (0) while librbd is still taking it, or after it was killed
+doing so; COMPLETE (1) once every member has its snapshot."""
+
+
 def create_group_snap(io: rados.Ioctx, group: str, snap: str) -> None:
+    """Take group snapshot `snap` unless it is complete already; one left incomplete by a killed
+    librbd call is removed and taken again (no member was copied from it: the caller copies
+    only from a complete one)."""
     with ceph_call("create RBD group snapshot", f"group {group!r} snapshot {snap!r}"):
-        if snap in group_snaps(io, group):
+        state = _group_snap_states(io, group).get(snap)
+        if state == GROUP_SNAP_COMPLETE:
             return
-        try:
-            rbd.Group(io, group).create_snap(snap)
-        except rbd.Error as error:
-            if not _is(error, errno.EEXIST):
-                raise
+        if state is not None:
+            rbd.Group(io, group).remove_snap(snap)
+        rbd.Group(io, group).create_snap(snap)
 
 
-def group_snaps(io: rados.Ioctx, group: str) -> list[str]:
-    """Names of the group's complete snapshots ([] when the group is gone)."""
+def _group_snap_states(io: rados.Ioctx, group: str) -> dict[str, int]:
     try:
-        return [str(s["name"]) for s in rbd.Group(io, group).list_snaps() if int(s.get("state", 0)) == 0]
+        return {str(s["name"]): int(s["state"]) for s in rbd.Group(io, group).list_snaps()}
     except rbd.ImageNotFound:
-        return []
+        return {}
+
+
+def group_snap_complete(io: rados.Ioctx, group: str, snap: str) -> bool:
+    """Whether the group's snapshot `snap` exists and is complete (False when the group is gone)."""
+    with ceph_call("list RBD group snapshots", f"group {group!r}"):
+        return _group_snap_states(io, group).get(snap) == GROUP_SNAP_COMPLETE
 
 
 def member_point(io: rados.Ioctx, image_name: str, group: str, snap: str) -> MemberPoint | None:

@@ -275,7 +275,7 @@ class GroupSnapshotManager:
                 for member in sorted(members, key=lambda m: m.source_volume_id):
                     source_uuid = sources.decode(member.source_volume_id, "source volume").object_uuid
                     held[member.source_volume_id] = stack.enter_context(sources.hold_source(volumes, source_uuid))
-                point_taken = group in groups.group_snaps(io, group)
+                point_taken = groups.group_snap_complete(io, group, group)
                 if not point_taken:
                     if len(pending) != len(members):
                         raise FailedPrecondition(
@@ -320,6 +320,7 @@ class GroupSnapshotManager:
                 image_id, size = str(image.id()), int(image.size())
             snapshots.update(member.uuid, {CREATED: f"{point.timestamp:.6f}", IMAGE_ID: image_id,
                                            sources.FINISHED_SIZE: str(size)})
+            failpoints.reach("group.after-member")
 
     def _describe(self, session: Session, io: Ioctx, pool: str, record: Record, members: Sequence[_Member],
                   strict: bool) -> GroupSnapshot:

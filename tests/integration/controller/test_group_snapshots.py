@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -65,7 +66,7 @@ def expected_image(volume: int, iterations: int) -> bytes:
 
 
 def last_iteration(data: bytes) -> int:
-    return max(struct.unpack(">Q", data[s * SLOT:s * SLOT + 8])[0] for s in range(SLOTS))
+    return max(int(struct.unpack(">Q", data[s * SLOT:s * SLOT + 8])[0]) for s in range(SLOTS))
 
 
 class Writer:
@@ -113,7 +114,7 @@ def read_image(cluster: CephTestCluster, volume_id: str) -> bytes:
 def groups_left(cluster: CephTestCluster) -> tuple[list[str], dict[str, str]]:
     """(RBD groups, group journal directory keys) in the pool."""
     with admin_ioctx(cluster) as io:
-        found = list(rbd.RBD().group_list(io))
+        found: list[str] = list(rbd.RBD().group_list(io))
         keys: dict[str, str] = {}
         for obj in io.list_objects():
             if obj.key.startswith("csi.groups."):
@@ -231,7 +232,7 @@ def test_one_instant_across_members_under_writes_restore_and_delete(
 
 
 CREATE_POINTS = ("group.after-record", "group.after-members", "group.after-rbd-group", "group.after-group-snap",
-                 "group.after-copy", "group.before-cleanup")
+                 "group.after-copy", "group.after-member", "group.before-cleanup")
 DELETE_POINTS = ("group.delete.after-rbd-group", "group.delete.after-member")
 """Every step with a half-done state of its own (group.after-reserve leaves only a name key,
 which test_random_sigkills reaches)."""
@@ -256,7 +257,7 @@ def test_kill_at_every_step_then_retry_completes(
             group = until_ok(lambda: group_stub(driver).CreateVolumeGroupSnapshot(request, timeout=60)).group_snapshot
             assert group.ready_to_use and len(group.snapshots) == 2, point
             assert groups_left(ceph_cluster)[0] == [], point
-            if point == "group.after-copy":  # the copy a kill interrupted is redone whole
+            if point in ("group.after-copy", "group.after-member"):  # copies resumed from the same instant
                 for snapshot in group.snapshots:
                     restored = driver.controller.CreateVolume(from_snapshot(ceph_cluster, snapshot.snapshot_id, SIZE),
                                                               timeout=60).volume.volume_id
@@ -285,13 +286,12 @@ def test_random_sigkills_during_group_creates_and_deletes(
     driver = fresh_driver()
     sources = [driver.controller.CreateVolume(create_request(ceph_cluster, size=SIZE), timeout=60).volume.volume_id
                for _ in range(6)]
-    requests = [group_request(ceph_cluster, sources[i:i + 2]) for i in range(0, 6, 2)]
     started = time.monotonic()
     stop = threading.Event()
-    kills = []
+    kills: list[float] = []
 
     def killer() -> None:
-        while len(kills) < 4 and not stop.wait(random.uniform(0.2, 1.5)):
+        while len(kills) < 4 and not stop.wait(random.uniform(0.1, 0.8)):
             assert driver.process is not None
             driver.process.kill()
             driver.process.wait()
@@ -305,31 +305,45 @@ def test_random_sigkills_during_group_creates_and_deletes(
             return until_ok(lambda: call(csi_pb2_grpc.GroupControllerStub(channel)), deadline=120,
                             also=(grpc.StatusCode.FAILED_PRECONDITION,))
 
+    results: list[csi_pb2.CreateVolumeGroupSnapshotResponse] = []
+
+    def create(request: csi_pb2.CreateVolumeGroupSnapshotRequest) -> None:
+        response = retried(lambda s: s.CreateVolumeGroupSnapshot(request, timeout=30))
+        assert isinstance(response, csi_pb2.CreateVolumeGroupSnapshotResponse)
+        results.append(response)
+
+    def delete(group: csi_pb2.VolumeGroupSnapshot) -> None:
+        retried(lambda s: s.DeleteVolumeGroupSnapshot(delete_request(ceph_cluster, group), timeout=30))
+
+    def together(target: Callable[..., None], items: list[Any]) -> None:
+        workers = [threading.Thread(target=target, args=(item,)) for item in items]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+
     thread = threading.Thread(target=killer)
     thread.start()
     try:
-        results: list[csi_pb2.CreateVolumeGroupSnapshotResponse] = []
-        workers = [threading.Thread(target=lambda r=r: results.append(retried(  # type: ignore[misc]
-            lambda s: s.CreateVolumeGroupSnapshot(r, timeout=30)))) for r in requests]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        assert len(results) == len(requests)
-        deletes = [threading.Thread(target=lambda g=r.group_snapshot: retried(  # type: ignore[misc]
-            lambda s: s.DeleteVolumeGroupSnapshot(delete_request(ceph_cluster, g), timeout=30))) for r in results]
-        for worker in deletes:
-            worker.start()
-        for worker in deletes:
-            worker.join()
+        # Rounds of concurrent creates then deletes until the killer has struck a few times.
+        for _ in range(5):
+            results.clear()
+            together(create, [group_request(ceph_cluster, sources[i:i + 2]) for i in range(0, 6, 2)])
+            assert len(results) == 3
+            assert all(r.group_snapshot.ready_to_use and len(r.group_snapshot.snapshots) == 2 for r in results)
+            together(delete, [r.group_snapshot for r in results])
+            if len(kills) >= 3:
+                break
     finally:
         stop.set()
         thread.join()
     print(f"{len(kills)} kills at {[round(k - started, 2) for k in kills]} s")
     assert kills
-    assert all(r.group_snapshot.ready_to_use and len(r.group_snapshot.snapshots) == 2 for r in results)
     assert groups_left(ceph_cluster) == ([], {})
     for volume_id in sources:
+        # A source a killed driver had open (adding it to the RBD group, taking the group
+        # snapshot) keeps that client's watch for up to 30 s.
         until_ok(lambda: driver.controller.DeleteVolume(
-            csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=ceph_cluster.secrets), timeout=60))
+            csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=ceph_cluster.secrets), timeout=60),
+            deadline=90, also=(grpc.StatusCode.FAILED_PRECONDITION,))
     assert wait_for_pool(ceph_cluster, baseline) == baseline
