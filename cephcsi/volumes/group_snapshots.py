@@ -26,6 +26,7 @@ two instants.
 from __future__ import annotations
 
 import datetime
+import itertools
 import logging
 import time
 import uuid as uuids
@@ -123,7 +124,7 @@ def parse_go_time(text: str) -> float | None:
         return None
     head, dot, rest = text.partition(".")
     if dot:
-        digits = "".join(c for c in rest if c.isdigit())
+        digits = "".join(itertools.takewhile(str.isdigit, rest))
         zone = rest[len(digits):]
         text = f"{head}.{digits[:6].ljust(6, '0')}{zone}"
     try:
