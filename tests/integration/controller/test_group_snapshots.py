@@ -231,6 +231,52 @@ def test_one_instant_across_members_under_writes_restore_and_delete(
     assert wait_for_pool(ceph_cluster, baseline) == baseline
 
 
+def test_layout_is_ceph_csis_and_a_group_ceph_csi_journaled_is_read_and_deleted(
+        driver: DriverProcess, ceph_cluster: CephTestCluster, volumes: Callable[[int], list[str]]) -> None:
+    baseline = read_pool(ceph_cluster)
+    sources = volumes(2)
+    stub = group_stub(driver)
+    request = group_request(ceph_cluster, sources)
+    group = stub.CreateVolumeGroupSnapshot(request, timeout=60).group_snapshot
+    group_uuid = group.group_snapshot_id[-36:]
+    # ceph-csi's group journal: name key → uuid; record: its three fields + snapshot id → image.
+    assert ceph_cluster.omap("csi.groups.default") == {f"csi.volume.group.{request.name}": group_uuid}
+    record = ceph_cluster.omap(f"csi.volume.group.{group_uuid}")
+    assert record.pop("csi.volname") == request.name
+    assert record.pop("csi.groupname") == f"csi-vol-group-{group_uuid}"
+    assert record.pop("csi.creationtime").endswith("Z")
+    assert record == {s.snapshot_id: f"csi-snap-{s.snapshot_id[-36:]}" for s in group.snapshots}
+    stub.DeleteVolumeGroupSnapshot(delete_request(ceph_cluster, group), timeout=60)
+
+    # A group ceph-csi journaled (its own time format, a zone offset, nanoseconds) over two
+    # snapshots: Get reads it, Delete removes the snapshots, the record and the name.
+    snapshots = [driver.controller.CreateSnapshot(csi_pb2.CreateSnapshotRequest(
+        name=f"snapshot-{uuid.uuid4()}", source_volume_id=v, secrets=ceph_cluster.secrets), timeout=60).snapshot
+        for v in sources]
+    theirs = str(uuid.uuid4())
+    with admin_ioctx(ceph_cluster) as io:
+        omap.update(io, "csi.groups.default", {"csi.volume.group.their-group": theirs})
+        omap.create_exclusive(io, f"csi.volume.group.{theirs}", {
+            "csi.volname": "their-group", "csi.groupname": f"csi-vol-group-{theirs}",
+            "csi.creationtime": "2024-11-20T11:11:12.123456789+01:00",
+            **{s.snapshot_id: f"csi-snap-{s.snapshot_id[-36:]}" for s in snapshots}})
+    their_id = group.group_snapshot_id[:-36] + theirs
+    got = stub.GetVolumeGroupSnapshot(csi_pb2.GetVolumeGroupSnapshotRequest(
+        group_snapshot_id=their_id, secrets=ceph_cluster.secrets), timeout=60).group_snapshot
+    assert sorted(s.snapshot_id for s in got.snapshots) == sorted(s.snapshot_id for s in snapshots)
+    assert got.ready_to_use and all(s.group_snapshot_id == their_id for s in got.snapshots)
+    stub.DeleteVolumeGroupSnapshot(csi_pb2.DeleteVolumeGroupSnapshotRequest(
+        group_snapshot_id=their_id, secrets=ceph_cluster.secrets), timeout=60)
+    for snapshot in snapshots:
+        assert not driver.controller.ListSnapshots(csi_pb2.ListSnapshotsRequest(
+            snapshot_id=snapshot.snapshot_id, secrets=ceph_cluster.secrets), timeout=60).entries
+    assert groups_left(ceph_cluster) == ([], {}), "\n".join(l for l in driver.log().splitlines()[-400:] if "roup" in l)
+    for source in sources:
+        driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=source, secrets=ceph_cluster.secrets),
+                                       timeout=60)
+    assert wait_for_pool(ceph_cluster, baseline) == baseline
+
+
 CREATE_POINTS = ("group.after-record", "group.after-members", "group.after-rbd-group", "group.after-group-snap",
                  "group.after-copy", "group.after-member", "group.before-cleanup")
 DELETE_POINTS = ("group.delete.after-rbd-group", "group.delete.after-member")
