@@ -93,6 +93,10 @@ def create_group_snap(io: rados.Ioctx, group: str, snap: str) -> None:
 
 
 def _group_snap_states(io: rados.Ioctx, group: str) -> dict[str, int]:
+    # Looked up first: Tentacle's binding aborts the process (free(): invalid pointer) when
+    # Group.list_snaps meets a missing group instead of raising ImageNotFound.
+    if group not in rbd.RBD().group_list(io):
+        return {}
     try:
         return {str(s["name"]): int(s["state"]) for s in rbd.Group(io, group).list_snaps()}
     except rbd.ImageNotFound:
@@ -147,6 +151,8 @@ def remove_group_snap(io: rados.Ioctx, group: str, snap: str) -> None:
 def remove_group(io: rados.Ioctx, group: str) -> None:
     """Remove the group: its members leave it and its snapshots go (group gone counts as removed)."""
     with ceph_call("remove RBD group", f"group {group!r}"):
+        if group not in rbd.RBD().group_list(io):
+            return  # (and Tentacle's binding aborts on list_snaps of a missing group)
         try:
             handle = rbd.Group(io, group)
             for snap in list(handle.list_snaps()):
