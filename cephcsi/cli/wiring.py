@@ -21,6 +21,7 @@ from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.cli.kms_secrets import LazyKubeReader
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.csi.controller import ControllerServicer
+from cephcsi.csi.group_controller import GroupControllerServicer
 from cephcsi.csi.identity import IdentityOptions, IdentityServicer
 from cephcsi.csi.server import CSIServer
 from cephcsi.csi.services import Services
@@ -29,6 +30,7 @@ from cephcsi.observability.health import HealthRegistry
 from cephcsi.settings import Settings
 from cephcsi.volumes.clones import Cloner
 from cephcsi.volumes.flatten import FlattenPolicy
+from cephcsi.volumes.group_snapshots import GroupSnapshotManager
 from cephcsi.volumes.manager import VolumeManager
 from cephcsi.volumes.publish import LocalNodes, Publisher
 from cephcsi.volumes.snapshots import SnapshotManager
@@ -67,6 +69,13 @@ def build_controller(settings: Settings, clusters: ClusterRegistry, keeper: Leas
                               snapshots=SnapshotManager(manager, policy), publisher=publisher, nodes=LocalNodes(own))
 
 
+def build_group_controller(settings: Settings, controller: ControllerServicer) -> GroupControllerServicer:
+    """Group snapshots, over the controller's snapshot manager (same journals, leases, locks)."""
+    assert controller.snapshots is not None  # build_controller always wires snapshots
+    return GroupControllerServicer(GroupSnapshotManager(controller.snapshots), settings.driver_name,
+                                   settings.slow_call_seconds)
+
+
 def build_node(settings: Settings, clusters: ClusterRegistry) -> NodeServicer:
     # The node stack (pyudev, mappers) is imported only where it is served.
     from cephcsi.cli.node_wiring import build_node_service
@@ -103,6 +112,7 @@ def build_services(settings: Settings, clusters: ClusterRegistry, keeper: LeaseK
             controller=settings.serves_controller,
             topology=settings.serves_node and bool(settings.node.domain_labels),
             online_expansion=settings.serves_controller,
+            group_controller=settings.serves_controller,
         )
     )
     main: list[Register] = [lambda s: csi_pb2_grpc.add_IdentityServicer_to_server(identity, s)]
@@ -113,6 +123,9 @@ def build_services(settings: Settings, clusters: ClusterRegistry, keeper: LeaseK
         controller = build_controller(settings, clusters, keeper)
         register: Register = lambda s: csi_pb2_grpc.add_ControllerServicer_to_server(controller, s)  # noqa: E731
         (controller_side if settings.controller_endpoint else main).append(register)
+        group = build_group_controller(settings, controller)
+        register_group: Register = lambda s: csi_pb2_grpc.add_GroupControllerServicer_to_server(group, s)  # noqa: E731
+        (controller_side if settings.controller_endpoint else main).append(register_group)
     if settings.serves_node:
         node = build_node(settings, clusters)
         main.append(lambda s: csi_pb2_grpc.add_NodeServicer_to_server(node, s))

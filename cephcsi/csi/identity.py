@@ -21,6 +21,8 @@ class IdentityOptions:
     topology: bool
     """Advertise VOLUME_ACCESSIBILITY_CONSTRAINTS (node plugin run with --domainlabels)."""
     online_expansion: bool = False
+    group_controller: bool = False
+    """Advertise GROUP_CONTROLLER_SERVICE (volume group snapshots; served with the controller)."""
 
 
 class IdentityServicer(ServicerBase, csi_pb2_grpc.IdentityServicer):
@@ -41,6 +43,8 @@ class IdentityServicer(ServicerBase, csi_pb2_grpc.IdentityServicer):
         caps = []
         if self.options.controller:
             caps.append(csi_pb2.PluginCapability(service=_Service(type=_Service.CONTROLLER_SERVICE)))
+        if self.options.group_controller:
+            caps.append(csi_pb2.PluginCapability(service=_Service(type=_Service.GROUP_CONTROLLER_SERVICE)))
         if self.options.topology:
             caps.append(csi_pb2.PluginCapability(service=_Service(type=_Service.VOLUME_ACCESSIBILITY_CONSTRAINTS)))
         if self.options.online_expansion:

@@ -54,7 +54,7 @@ def read_pool(cluster: CephTestCluster, namespace: str = "") -> PoolState:
         names = imagestate.directory_names(io)
         trash = imagestate.trash_entries(io)
         objects = [o.key for o in io.list_objects() if o.key.startswith(PER_IMAGE_PREFIXES)]
-        directories = [o for o in objects if o.startswith(("csi.volumes.", "csi.snaps."))]
+        directories = [o for o in objects if o.startswith(("csi.volumes.", "csi.snaps.", "csi.groups."))]
         keys = [f"{d}/{k}" for d in directories for k in omap.read_raw(io, d) or {}]
     return PoolState(
         frozenset(names),

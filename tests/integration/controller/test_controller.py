@@ -30,7 +30,8 @@ def test_identity(driver: DriverProcess) -> None:
     info = driver.identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest())
     assert info.name == "rbd.csi.ceph.com" and info.vendor_version
     caps = driver.identity.GetPluginCapabilities(csi_pb2.GetPluginCapabilitiesRequest()).capabilities
-    assert [c.service.type for c in caps if c.HasField("service")] == [csi_pb2.PluginCapability.Service.CONTROLLER_SERVICE]
+    assert [c.service.type for c in caps if c.HasField("service")] == [
+        csi_pb2.PluginCapability.Service.CONTROLLER_SERVICE, csi_pb2.PluginCapability.Service.GROUP_CONTROLLER_SERVICE]
     assert [c.volume_expansion.type for c in caps if c.HasField("volume_expansion")] == [
         csi_pb2.PluginCapability.VolumeExpansion.ONLINE]
     assert driver.identity.Probe(csi_pb2.ProbeRequest()).ready.value

@@ -31,7 +31,7 @@ SECRET_KINDS = (
 )
 # Specs csi-sanity v5.6.0 runs for what cephcsi advertises (see README "Conformance"); v5.4.0 had a
 # race in its connect helper (a connection Ready before its first state check waited out the minute).
-EXPECTED_PASSED = {"mount": 81, "block": 81}  # +19: snapshots, ListSnapshots, create from snapshot/volume; +7: expansion; +8: ControllerPublish/Unpublish; +1: GetCapacity; +8: ModifyVolume and CreateVolume with mutable_parameters
+EXPECTED_PASSED = {"mount": 87, "block": 87}  # +6: GroupController (capabilities, group snapshot argument checks); +19: snapshots, ListSnapshots, create from snapshot/volume; +7: expansion; +8: ControllerPublish/Unpublish; +1: GetCapacity; +8: ModifyVolume and CreateVolume with mutable_parameters
 MUTABLE_PARAMETERS = {"baseIops": "500", "baseReadBps": "104857600"}
 """A VolumeAttributesClass's RBD QoS (docs/qos.md) for the ModifyVolume specs."""
 VOLUME_SIZE = 256 << 20  # whole MiB, so rounding never changes the size the suite checks
