@@ -393,3 +393,25 @@ def test_random_sigkills_during_group_creates_and_deletes(
             csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=ceph_cluster.secrets), timeout=60),
             deadline=90, also=(grpc.StatusCode.FAILED_PRECONDITION,))
     assert wait_for_pool(ceph_cluster, baseline) == baseline
+
+
+def test_sources_of_an_abandoned_create_can_still_be_deleted(
+        fresh_driver: Callable[..., DriverProcess], ceph_cluster: CephTestCluster) -> None:
+    """A create killed with its sources in the RBD group, which the CO then gives up on (the
+    VolumeGroupSnapshot deleted before it ever got an id, so no DeleteVolumeGroupSnapshot comes):
+    DeleteVolume of each source must still work instead of failing on the group membership."""
+    driver = fresh_driver()
+    sources = [driver.controller.CreateVolume(create_request(ceph_cluster, size=SIZE), timeout=60).volume.volume_id
+               for _ in range(2)]
+    doomed = fresh_driver(env={"CEPHCSI_FAILPOINTS": "group.after-rbd-group"})
+    with pytest.raises(grpc.RpcError) as error:
+        group_stub(doomed).CreateVolumeGroupSnapshot(group_request(ceph_cluster, sources), timeout=60)
+    assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    doomed.cleanup()
+    assert len(groups_left(ceph_cluster)[0]) == 1
+    for volume_id in sources:
+        until_ok(lambda: driver.controller.DeleteVolume(
+            csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=ceph_cluster.secrets), timeout=60), deadline=90)
+    with admin_ioctx(ceph_cluster) as io:
+        names = set(rbd.RBD().list(io))
+    assert not {image_of(v) for v in sources} & names
