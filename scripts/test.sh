@@ -48,7 +48,9 @@ session() {  # session RELEASE: the pytest command line of that release's sessio
   case "$release" in
     reef)
       printf '%s\n' .venv/bin/python -m pytest --ceph-release=reef "${CEPH_SUITES[@]}" "$CONTROLLER"
-      deselect_args "${LONG_KILL_SEARCHES[@]}" ;;
+      # The group-snapshot failpoint walk kills the host's Pacific client at named steps, as the
+      # main session does; Reef's side of it is covered by that file's other tests.
+      deselect_args "${LONG_KILL_SEARCHES[@]}" "$CONTROLLER/test_group_snapshots.py::test_kill_at_every_step_then_retry_completes" ;;
     tentacle)
       printf '%s\n' tests/ceph/in_root.sh tentacle --ceph-release=tentacle "${CEPH_SUITES[@]}" "$CONTROLLER"
       deselect_args "${LONG_KILL_SEARCHES[0]}" "${LONG_KILL_SEARCHES[2]}" "$CONTROLLER/test_bench_go_caller.py" ;;
