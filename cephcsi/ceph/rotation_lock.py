@@ -27,11 +27,6 @@ WAIT_SECONDS = 10.0
 """How long a call waits for a rotation to finish before it answers ABORTED."""
 
 
-def lock_name(volume_id: str) -> str:
-    """ceph-csi's `<volume id>-mutexlock`, or its digest form for ids too long for an OSD
-    (cephcsi.ceph.lock_names)."""
-    return rotation_lock_name(volume_id)
-
 
 def cookie(what: str) -> str:
     """Names the holder for `rados lock info`: this controller's host and a per-call token."""
@@ -61,7 +56,7 @@ class Held:
     def confirm(self) -> None:
         """LockLapsed (ABORTED) unless the lock has been ours without a gap since it was taken;
         then it is ours for `hold_seconds` more."""
-        if not omap.renew_held_lock(self.io, self.volume_id, lock_name(self.volume_id), self.cookie,
+        if not omap.renew_held_lock(self.io, self.volume_id, rotation_lock_name(self.volume_id), self.cookie,
                                     self.hold_seconds, self.description):
             raise LockLapsed(f"the rotation lock of volume {self.volume_id} lapsed while this call held it "
                              f"(longer than {self.hold_seconds} s): a key rotation may have run meanwhile; retry")
@@ -73,7 +68,7 @@ def held(io: rados.Ioctx, volume_id: str, what: str, wait_seconds: float = WAIT_
          sleep: Callable[[float], None] = time.sleep) -> Iterator[Held]:
     """Hold volume `volume_id`'s rotation lock for the body (`what` says why, in its cookie and
     description)."""
-    name, mine, said = lock_name(volume_id), cookie(what), description(what)
+    name, mine, said = rotation_lock_name(volume_id), cookie(what), description(what)
     deadline = time.monotonic() + wait_seconds
     while not omap.try_lock(io, volume_id, name, mine, hold_seconds, said):
         if time.monotonic() + interval > deadline:
@@ -89,7 +84,7 @@ def holder(io: rados.Ioctx, volume_id: str) -> str:
     """Who holds the lock, as its holder described itself (for a refusal's message)."""
     try:
         with ceph_call("read object lock", f"object {volume_id!r}"):
-            raw = io.execute(volume_id, "lock", "get_info", omap.lock_info_request(lock_name(volume_id)))
+            raw = io.execute(volume_id, "lock", "get_info", omap.lock_info_request(rotation_lock_name(volume_id)))
     except CephCSIError:
         return "another holder (its description could not be read)"
     described = omap.lock_descriptions(raw[1] if isinstance(raw, tuple) else raw)
@@ -115,8 +110,8 @@ def remove_object(io: rados.Ioctx, volume_id: str) -> None:
     volume being deleted keeps it and its lock; the audit or nothing cleans it later). A missing
     object is not created by the attempt."""
     try:
-        locked, _ = omap.try_lock_then_read(io, volume_id, lock_name(volume_id), cookie("delete"), HOLD_SECONDS,
-                                            existing=True)
+        locked, _ = omap.try_lock_then_read(io, volume_id, rotation_lock_name(volume_id), cookie("delete"),
+                                            HOLD_SECONDS, existing=True)
     except NotFound:
         return
     if locked:

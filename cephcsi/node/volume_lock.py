@@ -39,12 +39,6 @@ _NO_OBJECT = re.compile(r"rados_lock_get_lock_info\(\): (\(2\) )?No such file or
 ceph.conf: (2) No such file or directory" when there is none, and a missing pool says ENOENT too."""
 
 
-def lock_name(volume_id: str) -> str:
-    """ceph-csi's `<volume id>-mutexlock`, or its digest form for ids too long for an OSD
-    (cephcsi.ceph.lock_names)."""
-    return rotation_lock_name(volume_id)
-
-
 @dataclass(frozen=True)
 class ClusterLock:
     runner: Runner = field(repr=False)
@@ -70,8 +64,8 @@ class ClusterLock:
     def take(self) -> bool:
         """Take the lock; False when another locker holds it."""
         what = f"lock volume {self.volume_id}"
-        result = self._run(["lock", "get", self.volume_id, lock_name(self.volume_id), "--lock-type", "exclusive",
-                            "--lock-cookie", self.cookie, "--lock-duration", str(self.duration),
+        result = self._run(["lock", "get", self.volume_id, rotation_lock_name(self.volume_id),
+                            "--lock-type", "exclusive", "--lock-cookie", self.cookie, "--lock-duration", str(self.duration),
                             "--lock-description", self.description], what, ok_codes=(0, 1))
         if result.returncode == 0:
             return True
@@ -103,7 +97,7 @@ class ClusterLock:
         failure raises: read as "no lockers", a refused or timed-out read would make release()
         leave the lock held, silently."""
         what = f"read the lock of volume {self.volume_id}"
-        result = self._run(["lock", "info", self.volume_id, lock_name(self.volume_id), "--format", "json"],
+        result = self._run(["lock", "info", self.volume_id, rotation_lock_name(self.volume_id), "--format", "json"],
                            what, ok_codes=(0, 1))
         if result.returncode != 0:
             if _NO_OBJECT.search(result.stderr):
@@ -116,7 +110,8 @@ class ClusterLock:
             raise Internal(f"`rados lock info` printed no lockers for volume {self.volume_id}") from None
 
     def break_locker(self, locker: str) -> None:
-        self._run(["lock", "break", self.volume_id, lock_name(self.volume_id), locker, "--lock-cookie", self.cookie],
+        self._run(["lock", "break", self.volume_id, rotation_lock_name(self.volume_id), locker,
+                   "--lock-cookie", self.cookie],
                   f"release the lock of volume {self.volume_id}", ok_codes=(0, 1))
 
     def release(self) -> None:

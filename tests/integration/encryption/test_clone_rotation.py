@@ -22,7 +22,7 @@ import grpc
 import pytest
 import rbd
 
-from cephcsi.ceph.rotation_lock import lock_name
+from cephcsi.ceph.lock_names import rotation_lock_name as lock_name
 from cephcsi.encryption.kms import secrets as secrets_kms
 from cephcsi.encryption.volume_keys import new_passphrase
 from tests.ceph.fixtures import CephTestCluster

@@ -15,7 +15,8 @@ import rados
 
 from cephcsi._generated import csi_pb2
 from cephcsi.ceph import rotation_lock
-from cephcsi.ceph.rotation_lock import WAIT_SECONDS, lock_name
+from cephcsi.ceph.lock_names import rotation_lock_name as lock_name
+from cephcsi.ceph.rotation_lock import WAIT_SECONDS
 from cephcsi.encryption.kms import secrets as secrets_kms
 from cephcsi.encryption.volume_keys import new_passphrase
 from tests.ceph.fixtures import CephTestCluster

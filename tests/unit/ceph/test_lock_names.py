@@ -1,12 +1,10 @@
-"""The rotation lock's name: ceph-csi's where an OSD can store it, one digest form where it cannot,
-the same for the node's and the controller's holders."""
+"""The rotation lock's name (node and controller holders both call rotation_lock_name): ceph-csi's
+where an OSD can store it, one digest form where it cannot."""
 from __future__ import annotations
 
 import pytest
 
-from cephcsi.ceph import rotation_lock
 from cephcsi.ceph.lock_names import MAX_LOCK_NAME, rotation_lock_name
-from cephcsi.node import volume_lock
 
 pytestmark = pytest.mark.unit
 
@@ -26,7 +24,3 @@ def test_an_fsid_cluster_id_gets_a_name_an_osd_accepts() -> None:
     assert len(name) <= MAX_LOCK_NAME and len(f"lock.{name}") <= 100
     assert name.endswith("-mutexlock") and name != rotation_lock_name(FSID_CLUSTER.replace("c710", "c711"))
 
-
-@pytest.mark.parametrize("volume_id", [SHORT_CLUSTER, FSID_CLUSTER])
-def test_node_and_controller_lock_the_same_name(volume_id: str) -> None:
-    assert volume_lock.lock_name(volume_id) == rotation_lock.lock_name(volume_id) == rotation_lock_name(volume_id)
