@@ -135,18 +135,26 @@ class LeaseKeeper:
         lease = Lease(io, obj, name, cookie, seconds, time.monotonic() + seconds / 3, filled=filled, values=values,
                       taken_at=started, expires_at=started + max(1, int(seconds)))
         self._add(lease)
+        failed = False
         try:
             yield lease
         except BaseException:
+            failed = True
             lease.behind = None  # a failed call answers after its release, as always
             raise
         finally:
-            if lease.behind is None:
-                self._release(lease)
-            else:
+            if lease.behind is not None:
                 self._release_behind(lease)
+            elif not self._release(lease) and not failed:
+                # The values are the call's last journal step (a clone's image id, say): answering
+                # success without them would leave a volume its record does not name, so the
+                # caller retries instead, and the retry writes them.
+                raise OperationInFlight(f"the journal lease on {obj} was lost before the call could record its "
+                                        "outcome; retry")
 
-    def _release(self, lease: Lease) -> None:
+    def _release(self, lease: Lease) -> bool:
+        """Unlock, writing the lease's on-release values in the same op; False when the lease was
+        lost before (the values are not written)."""
         with lease.guard:  # never unlock (or let the caller close `io`) mid-renewal
             lease.active = False
         with self._lock:
@@ -156,13 +164,15 @@ class LeaseKeeper:
         # If someone recreated and locked the object since, our cookie is not theirs and an
         # unlock would change nothing either, so skipping it is equivalent.
         if lease.removed:
-            return
+            return True
         if lease.on_release:
             if not omap.update_and_unlock(lease.io, lease.obj, lease.on_release, lease.name, lease.cookie):
                 log.warning("a journal lease was lost before its release; values not written",
                             extra=fields(object=lease.obj, keys=sorted(lease.on_release)))
+                return False
         else:
             omap.unlock(lease.io, lease.obj, lease.name, lease.cookie)
+        return True
 
     @staticmethod
     def _key(io: rados.Ioctx, obj: str) -> tuple[int, str, str]:

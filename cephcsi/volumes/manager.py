@@ -18,7 +18,7 @@ from cephcsi.ceph.connection import ConnectionCache, Ioctx, Session
 from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.config.clusters import ClusterRegistry
-from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal, NotFound, OperationInFlight
+from cephcsi.errors import AlreadyExists, CephCSIError, FailedPrecondition, Internal, NotFound, OperationInFlight
 from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
 from cephcsi.encryption import volume_keys
@@ -324,7 +324,15 @@ class VolumeManager:
         hold.ensure_held()
         if self.cloner is not None and clones.has_source(record):
             # A clone killed after its temporary snapshot on the source, then given up by the CO.
-            self.cloner.drop_temporary_of(session, record)
+            # Best effort: the source may sit in another pool that is unreachable, unreadable with
+            # these credentials, or busy, and none of that may block deleting the clone itself;
+            # `cephcsi audit` reports (and repairs) a temporary snapshot left behind.
+            try:
+                self.cloner.drop_temporary_of(session, record)
+            except CephCSIError as error:
+                log.warning("could not look for the clone's temporary snapshot on its source; deleting the clone "
+                            "anyway (cephcsi audit reports a leftover)",
+                            extra=fields(volume=record.name, image=record.image_name, error=error.message))
         self._remove_image(session, io, pool, journal, record)
         failpoints.reach("delete.after-image")
         # A KMS that keeps the passphrase forgets it once the image is out of service, before the

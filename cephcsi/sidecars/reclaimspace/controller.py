@@ -143,21 +143,24 @@ class ReclaimSpaceLoop:
         return done
 
     def _namespace_lookup(self) -> due.KubeLookup | None:
-        """The Namespace lookup for this pass; None until the Namespace informer has its first
-        list: a claim without its own schedule waits meanwhile, as its Namespace's may override
-        its class's, so running on the class's could be the wrong schedule."""
+        """The Namespace lookup for this pass; None while the Namespace informer waits for its
+        first list (a claim without its own schedule waits too, as its Namespace's may override
+        its class's). Past the patience the Namespaces count as unannotated: an install upgraded
+        without the new RBAC keeps its claims' and classes' schedules (the order before Namespace
+        schedules existed) instead of stopping every class-scheduled claim."""
         ctx = self.ctx
         if ctx.namespaces is None:
             return _nothing
         if ctx.namespaces.has_synced():
             return _getter(ctx.namespaces)
-        if (not self._namespaces_warned and self._namespaces_since
-                and time.monotonic() - self._namespaces_since > _NAMESPACES_PATIENCE):
-            self._namespaces_warned = True
-            log.warning("reclaim space: Namespaces cannot be listed yet, so claims scheduled by their Namespace or "
-                        "StorageClass wait (claims with their own schedule still run); grant the controller "
-                        "get/list/watch on namespaces (deploy/controller-rbac.yaml)",
-                        extra=fields(waited_seconds=round(time.monotonic() - self._namespaces_since)))
+        if self._namespaces_since and time.monotonic() - self._namespaces_since > _NAMESPACES_PATIENCE:
+            if not self._namespaces_warned:
+                self._namespaces_warned = True
+                log.warning("reclaim space: Namespaces cannot be listed, so Namespace schedules are ignored (claim "
+                            "and StorageClass schedules apply); grant the controller get/list/watch on namespaces "
+                            "(deploy/controller-rbac.yaml)",
+                            extra=fields(waited_seconds=round(time.monotonic() - self._namespaces_since)))
+            return _nothing
         return None
 
     def _refuse(self, refused: due.Refused) -> None:

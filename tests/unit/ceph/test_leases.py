@@ -205,3 +205,19 @@ def test_drain_waits_for_releases_behind_answers() -> None:
 def _hold_once(keeper: LeaseKeeper, io: FakeIoctx, obj: str) -> list[tuple[str, ...]]:
     with keeper.hold(io, obj, "cephcsi.journal", 10) as held:  # type: ignore[arg-type]
         return [("held",)] if held else []
+
+
+def test_values_lost_with_the_lease_make_the_call_retry(keeper: LeaseKeeper, monkeypatch: pytest.MonkeyPatch) -> None:
+    # update_and_unlock's False: the lock was no longer ours, nothing written.
+    monkeypatch.setattr(omap, "update_and_unlock", lambda *args: False)
+    io = FakeIoctx()
+    with pytest.raises(errors.OperationInFlight):
+        with keeper.hold(io, "csi.volume.d", "cephcsi.journal", 10) as held:  # type: ignore[arg-type]
+            assert held
+            held.on_release["csi.imageid"] = "abc"
+    # A call that failed anyway keeps its own error.
+    with pytest.raises(ValueError):
+        with keeper.hold(io, "csi.volume.e", "cephcsi.journal", 10) as held:  # type: ignore[arg-type]
+            assert held
+            held.on_release["csi.imageid"] = "abc"
+            raise ValueError("the call's own failure")

@@ -5,6 +5,7 @@ again while its record is retried."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -201,3 +202,27 @@ def test_until_namespaces_are_listed_only_claims_with_their_own_schedule_run() -
     assert loop.reconcile() == ["ns/own"] and sparsified == ["vol-own"]
     namespaces.synced = True
     assert loop.reconcile() == ["ns/by-class"] and sparsified == ["vol-own", "vol-by-class"]
+
+
+def test_namespaces_never_listed_fall_back_to_claim_and_class_schedules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An install upgraded without the namespaces grant keeps its class schedules after the patience."""
+    sparsified: list[str] = []
+
+    def sparsify(volume_id: str, credentials: Credentials) -> Sparsified:
+        sparsified.append(volume_id)
+        return Sparsified("img", in_use=False, used_before=0, used_after=0)
+
+    recorder = Recorder()
+    loop = make_loop(sparsify, ["by-class"], recorder)
+    assert recorder.claims is not None
+    del recorder.claims.items["ns/by-class"]["metadata"]["annotations"][reclaim.SCHEDULE_ANNOTATION]
+    loop.ctx.classes = cast(Informer, Store({"sc": {"metadata": {"name": "sc", "annotations": {
+        reclaim.SCHEDULE_ANNOTATION: "@daily"}}}}))
+    namespaces = Store({"ns": {"metadata": {"name": "ns"}}})
+    namespaces.synced = False
+    loop.ctx.namespaces = cast(Informer, namespaces)
+    loop._namespaces_since = time.monotonic()  # what start() notes when it starts the informer
+    assert loop.reconcile() == [] and sparsified == []  # within the patience: waits
+    later = time.monotonic() + 3600
+    monkeypatch.setattr("cephcsi.sidecars.reclaimspace.controller.time.monotonic", lambda: later)
+    assert loop.reconcile() == ["ns/by-class"] and sparsified == ["vol-by-class"]
