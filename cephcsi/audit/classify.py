@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cephcsi.audit import classify_snaps
+from cephcsi.audit import classify_groups, classify_snaps
 from cephcsi.audit.journal_rules import image_id_of, image_is_live, journal_findings, pv_block, trash_by_id
 from cephcsi.audit.model import Finding, Fix, JournalType, Kind, Snapshot, TrashView
 from cephcsi.ceph.imagestate import TrashState
@@ -26,7 +26,9 @@ def classify(snap: Snapshot) -> list[Finding]:
         *trash_findings(snap),
         *pv_findings(snap),
         *classify_snaps.content_findings(snap),
+        *classify_groups.group_findings(snap),
     ]
+    findings = classify_groups.member_blocks(snap, findings)
     return sorted(classify_snaps.content_blocks(snap, findings), key=lambda f: (f.kind.value, f.subject))
 
 

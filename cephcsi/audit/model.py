@@ -48,6 +48,13 @@ class Kind(str, enum.Enum):
     """An encrypted volume whose live image has no encryption state: its CreateVolume was killed
     after the image, before the passphrase was kept (cephcsi.volumes.encrypted). A retry of the
     create settles it; only the KMS and the StorageClass secret can, so the audit only reports."""
+    UNFINISHED_GROUP = "unfinished-group-snapshot"
+    """A group snapshot record whose CreateVolumeGroupSnapshot never finished (its RBD group still
+    exists, or a member snapshot is missing or unfinished), with no call on it."""
+    ORPHAN_RBD_GROUP = "orphan-rbd-group"
+    """An RBD group named like the driver's temporary group that no group snapshot record names."""
+    ORPHAN_GROUP_MEMBER = "orphan-group-member"
+    """A member snapshot record of a group snapshot that no group record or name key knows."""
 
 
 class JournalType(str, enum.Enum):
@@ -55,9 +62,11 @@ class JournalType(str, enum.Enum):
 
     VOLUME = "volume"
     SNAPSHOT = "snapshot"
+    GROUP = "group"
 
 
-RECORD_PREFIXES = {JournalType.VOLUME: "csi.volume.", JournalType.SNAPSHOT: "csi.snap."}
+RECORD_PREFIXES = {JournalType.VOLUME: "csi.volume.", JournalType.SNAPSHOT: "csi.snap.",
+                   JournalType.GROUP: "csi.volume.group."}
 
 
 class Fix(str, enum.Enum):
@@ -74,6 +83,8 @@ class Fix(str, enum.Enum):
     TRASH_ORPHAN = "move-orphan-to-trash"
     REMOVE_TEMP_SNAP = "remove-temporary-snapshot"
     COPY_METADATA = "copy-pending-metadata"
+    REMOVE_RBD_GROUP = "remove-rbd-group"
+    """The group only: its members leave it and its group snapshots go; no image is touched."""
 
 
 class Outcome(str, enum.Enum):
@@ -210,6 +221,37 @@ class SnapJournalView:
 
 
 @dataclass(frozen=True)
+class GroupRecordView:
+    """One group snapshot record (`csi.volume.group.<uuid>`); `name` is '' for an empty object."""
+
+    uuid: str
+    name: str
+    rbd_group: str = ""
+    """csi.groupname: the RBD group its create makes and removes."""
+    members: tuple[tuple[str, str], ...] = ()
+    """(member snapshot id, its snapshot image name), as the record lists them."""
+
+
+@dataclass(frozen=True)
+class GroupJournalView:
+    """The group journal (`csi.groups.<instance>` → `csi.volume.group.<uuid>`) and the pool's RBD groups."""
+
+    prefix: str = "csi-vol-group-"
+    """The default groupNamePrefix: RBD groups named prefix + uuid count as the driver's."""
+    name_keys: Mapping[str, str] = field(default_factory=dict)
+    foreign_uuids: frozenset[str] = frozenset()
+    records: Mapping[str, GroupRecordView] = field(default_factory=dict)
+    rbd_groups: Mapping[str, tuple[str, ...]] | None = None
+    """RBD group name → its member images; None when the groups could not be listed."""
+
+    def uuid_of(self, group_name: str) -> str:
+        if not group_name.startswith(self.prefix):
+            return ""
+        rest = group_name[len(self.prefix):]
+        return rest if _UUID.match(rest) else ""
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything one audit read about a pool (namespace), taken without any lock: it may
     catch an operation in flight, which is why every repair re-checks under the journal lock."""
@@ -250,6 +292,7 @@ class Snapshot:
     """Which journal `name_keys` and `records` are: the snapshot rules judge a view of the
     snapshot journal in this same shape (cephcsi.audit.classify_snaps)."""
     snap_journal: SnapJournalView = field(default_factory=SnapJournalView)
+    groups: GroupJournalView = field(default_factory=GroupJournalView)
     image_snaps: Mapping[str, ImageSnaps] = field(default_factory=dict)
     """Live images that have RBD snapshots, by image id."""
     encryption_states: Mapping[str, str] = field(default_factory=dict)

@@ -15,7 +15,7 @@ import rbd
 
 from cephcsi.audit.model import Finding, Fix, JournalType, Kind, Outcome, Repair, Snapshot
 from cephcsi.audit.scan import decode_deferment
-from cephcsi.ceph import dependents, image_create, image_metadata, images, imagestate, layering, omap, trash
+from cephcsi.ceph import dependents, groups, image_create, image_metadata, images, imagestate, layering, omap, trash
 from cephcsi.ceph.connection import Session
 from cephcsi.ceph.errors import ceph_call
 from cephcsi.ceph.imagestate import ImageState, TrashState
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 # Order of work: debris and trash first, so a record's repair then finds its image gone or queued.
 # Temporary snapshots first, while the entries that name the calls which left them still exist.
 ORDER = (Fix.REMOVE_TEMP_SNAP, Fix.REMOVE_PARTIAL, Fix.LIST_IMAGE, Fix.FINISH_MOVE, Fix.PURGE, Fix.TRASH_ORPHAN, Fix.REMOVE_RECORD,
-         Fix.RELEASE_KEY, Fix.RELEASE_SPLIT_KEY, Fix.COPY_METADATA)
+         Fix.RELEASE_KEY, Fix.RELEASE_SPLIT_KEY, Fix.COPY_METADATA, Fix.REMOVE_RBD_GROUP)
 
 
 class _Resolved(Exception):
@@ -52,9 +52,13 @@ class RepairContext:
     orphan_deferment_seconds: int = 7 * 24 * 3600
     snap_journal: Journal | None = None
     """The snapshot journal; None: snapshot findings are skipped."""
+    group_journal: Journal | None = None
+    """The group snapshot journal; None: group findings are skipped."""
 
     def journal_of(self, finding: Finding) -> Journal | None:
         """The journal whose lease guards the finding's entry (`finding.uuid`)."""
+        if finding.journal is JournalType.GROUP:
+            return self.group_journal
         return self.snap_journal if finding.journal is JournalType.SNAPSHOT else self.journal
 
 
@@ -288,6 +292,18 @@ def _remove_temp_snap(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
     return "removed the temporary snapshot (a clone made from it keeps it in the trash namespace while it needs it)"
 
 
+def _remove_rbd_group(ctx: RepairContext, finding: Finding, hold: Hold) -> str:
+    """Under the lease of the group record the group's name points at, which a create holds from
+    before it makes the group to after it removes it: with no record there, no create can be
+    using the group (it makes one only for a record it holds)."""
+    if _journal(ctx, finding).read(finding.uuid) is not None:
+        raise _Resolved("a group snapshot record names the group now")
+    if not groups.group_exists(ctx.io, finding.subject):
+        raise _Resolved("the RBD group is gone")
+    groups.remove_group(ctx.io, finding.subject)
+    return "removed the RBD group (its images left it, untouched, and its group snapshots went)"
+
+
 def _deferred_until(io: rados.Ioctx, image_id: str) -> float:
     key = f"id_{image_id}"
     raw = (omap.read_raw(io, imagestate.TRASH, (key,)) or {}).get(key)
@@ -300,6 +316,7 @@ def _utc(epoch: float) -> str:
 
 ACTIONS: dict[Fix, Callable[[RepairContext, Finding, Hold], str]] = {
     Fix.REMOVE_PARTIAL: _remove_partial,
+    Fix.REMOVE_RBD_GROUP: _remove_rbd_group,
     Fix.LIST_IMAGE: _list_image,
     Fix.FINISH_MOVE: _finish_trash,
     Fix.PURGE: _finish_trash,

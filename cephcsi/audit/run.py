@@ -20,6 +20,7 @@ from cephcsi.ceph.credentials import Credentials
 from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.settings import CephSettings
+from cephcsi.volumes.group_snapshots import GROUPS
 from cephcsi.volumes.journal import SNAPSHOTS, VOLUMES, Journal
 from cephcsi.volumes.parameters import DEFAULT_PREFIX
 from cephcsi.volumes.snapshots import DEFAULT_PREFIX as DEFAULT_SNAPSHOT_PREFIX
@@ -78,6 +79,8 @@ def audit(options: AuditOptions, keeper: LeaseKeeper) -> AuditResult:
                     orphan_deferment_seconds=options.orphan_deferment_seconds,
                     snap_journal=Journal(io, options.instance_id, SNAPSHOTS,
                                          lock_seconds=options.journal_lock_seconds, keeper=keeper),
+                    group_journal=Journal(io, options.instance_id, GROUPS,
+                                          lock_seconds=options.journal_lock_seconds, keeper=keeper),
                 )
                 repairs = tuple(repair_all(context, findings))
             scope = Scope(options.cluster_id, options.pool, io.get_namespace(), options.instance_id,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import rados
 
-from cephcsi.audit import scan_snaps
+from cephcsi.audit import scan_groups, scan_snaps
 from cephcsi.audit.model import (
     ContentView,
     ImageOwner,
@@ -36,6 +36,7 @@ from cephcsi.errors import CephCSIError, Internal
 from cephcsi.encryption import volume_keys
 from cephcsi.observability.logging import fields
 from cephcsi.volumes import split_journal
+from cephcsi.volumes.group_snapshots import GROUPS
 from cephcsi.volumes.journal import (
     IMAGE_ID,
     IMAGE_NAME,
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 
 ID_PREFIX = "rbd_id."
 HEADER_PREFIX = "rbd_header."
+GROUP_RECORD_PREFIX = GROUPS.record_prefix
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
@@ -190,8 +192,8 @@ def read_records(io: rados.Ioctx, names: list[str], kind: JournalKind = VOLUMES)
     for obj in names:
         # "csi.volumes.<instance>" (directories) shares the first characters, not the dot;
         # so do "csi.snaps.<instance>" and "csi.snap.<uuid>".
-        if not obj.startswith(kind.record_prefix):
-            continue
+        if not obj.startswith(kind.record_prefix) or obj.startswith(GROUP_RECORD_PREFIX):
+            continue  # ("csi.volume.group.<uuid>": the group journal's, cephcsi.audit.scan_groups)
         values = omap.read(io, obj)
         if values is None:
             continue  # removed since the listing
@@ -291,6 +293,8 @@ def read_snapshot(session: Session, io: rados.Ioctx, pool: str, instance_id: str
         log.warning("cannot read the mgr's task list", extra=fields(error=str(error)))
         notes.append(f"could not read the mgr's trash purge tasks ({error}); NORMAL trash entries were not judged")
         tasks = None
+    group_keys = read_journal(io, names, instance_id, GROUPS)
+    groups = scan_groups.read_groups(io, names, group_keys.plain, group_keys.foreign, notes)
     snap_keys = read_journal(io, names, instance_id, SNAPSHOTS)
     # A `<pool id>/<uuid>` snapshot key is ceph-csi's, for a snapshot in another pool: that
     # pool's audit judges it, so its uuid is not ours to judge here.
@@ -311,6 +315,7 @@ def read_snapshot(session: Session, io: rados.Ioctx, pool: str, instance_id: str
     trash = read_trash(io)
     image_snaps = scan_snaps.read_image_snaps(io, directory, headers, {entry.image_id for entry in trash})
     leases = scan_snaps.read_leases(io, scan_snaps.lease_candidates(records, snap_journal, directory, image_snaps))
+    leases |= scan_groups.read_group_leases(io, groups)
     return Snapshot(
         prefix=prefix,
         name_keys=keys.plain,
@@ -331,6 +336,7 @@ def read_snapshot(session: Session, io: rados.Ioctx, pool: str, instance_id: str
         now=time.time(),
         notes=tuple(notes),
         snap_journal=snap_journal,
+        groups=groups,
         image_snaps=image_snaps,
         leases_held=leases,
     )
