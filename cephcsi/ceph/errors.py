@@ -63,6 +63,10 @@ TABLE: tuple[Rule, ...] = (
     Rule(AlreadyExists, "{subject} already exists ({operation})", errnos=frozenset({errno.EEXIST})),
     Rule(ResourceExhausted, "no space or quota left for {what}", errnos=frozenset({errno.ENOSPC, errno.EDQUOT})),
     Rule(FailedPrecondition, "{subject} is busy ({operation}); it may still be in use", errnos=frozenset({errno.EBUSY})),
+    # librbd's EMLINK: the image is a member of an RBD group, which newer clients refuse to move or remove.
+    Rule(FailedPrecondition, "{subject} is a member of an RBD group ({operation}): a VolumeGroupSnapshot whose "
+         "creation was interrupted still holds it (retry or delete that VolumeGroupSnapshot), or remove it from the "
+         "group with `rbd group image remove`", errnos=frozenset({errno.EMLINK})),
     Rule(Internal, "{what} failed: {error}"),
 )
 """librados/librbd failures by errno, first match wins."""

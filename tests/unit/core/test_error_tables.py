@@ -106,3 +106,12 @@ def test_kube_table_ends_with_a_fallback_and_ceph_rows_are_by_errno() -> None:
     assert matches(RuntimeError("anything")) and error.__name__ == "ApiFailed"
     assert all(rule.errnos for rule in ceph_errors.TABLE[:-1])
     assert ceph_errors.translate(OSError(errno.EDQUOT, "quota"), "create", "image x").code.name == "RESOURCE_EXHAUSTED"
+
+
+def test_an_image_in_an_rbd_group_is_a_failed_precondition_that_says_what_to_do() -> None:
+    import rbd
+    # What the bindings raise for librbd's EMLINK (an rbd.OSError carrying the errno).
+    found = ceph_errors.translate(rbd.OSError("RBD image is member of group", errno.EMLINK),
+                                  "move image to trash", "image 'csi-vol-x'")
+    assert isinstance(found, errors.FailedPrecondition)
+    assert "member of an RBD group" in found.message and "rbd group image remove" in found.message
