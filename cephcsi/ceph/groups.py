@@ -167,3 +167,22 @@ def remove_group(io: rados.Ioctx, group: str) -> None:
         except rbd.Error as error:
             if not _is(error, errno.ENOENT):
                 raise
+
+
+TEMPORARY_GROUP_PREFIX = "csi-vol-group-"
+"""The default name prefix of the RBD group a CreateVolumeGroupSnapshot makes for its instant
+(volumes.group_snapshots' `groupNamePrefix` default)."""
+
+
+def leave_temporary_group(io: rados.Ioctx, image_name: str) -> bool:
+    """Take the image out of the driver's temporary RBD group, for DeleteVolume of a source a
+    killed and abandoned group snapshot create left in it (newer librbd refuses to move a group
+    member to the trash). True when it left one. Safe: a running create holds the source's journal
+    lease, which DeleteVolume holds now, and a retry of that create re-adds what it needs. Another
+    group is the user's: the caller's FAILED_PRECONDITION stands."""
+    group = member_group(io, image_name)
+    if not group.startswith(TEMPORARY_GROUP_PREFIX):
+        return False
+    with ceph_call("leave RBD group", f"image {image_name!r} group {group!r}"):
+        rbd.Group(io, group).remove_image(io, image_name)
+    return True

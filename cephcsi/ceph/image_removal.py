@@ -4,12 +4,14 @@ when told, before anything moves the image. Design: docs/design/ceph-access.md.
 """
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cephcsi.ceph import dependents, image_access, image_ensure, images, imagestate, trash
+from cephcsi.ceph import dependents, groups, image_access, image_ensure, images, imagestate, trash
 from cephcsi.ceph.connection import Ioctx, Session
-from cephcsi.errors import Internal
+from cephcsi.ceph.errors import error_number
+from cephcsi.errors import FailedPrecondition, Internal
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,15 @@ def take_out(session: Session, io: Ioctx, pool: str, target: Target, steps: Step
             return
     # Which path moves it (by hand or librbd) is TrashMover's choice; a move by hand rests on
     # what the header probe proved (no watcher, no snapshot).
-    mover.move(state, proven_unused=unused_by_header)
+    try:
+        mover.move(state, proven_unused=unused_by_header)
+    except FailedPrecondition as error:
+        # librbd's EMLINK: a member of an RBD group; the driver's own temporary group of an
+        # abandoned group snapshot create is left, then the move is tried once more.
+        if error.__cause__ is None or error_number(error.__cause__) != errno.EMLINK or not state.live \
+                or not groups.leave_temporary_group(io, target.name):
+            raise
+        mover.move(state, proven_unused=unused_by_header)
     steps.after_trash()
     if not state.live:
         # Resuming a delete that a crash interrupted, perhaps inside librbd with the image

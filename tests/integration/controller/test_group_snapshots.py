@@ -400,12 +400,8 @@ def test_sources_of_an_abandoned_create_can_still_be_deleted(
     """A create killed with its sources in the RBD group, which the CO then gives up on (the
     VolumeGroupSnapshot deleted before it ever got an id, so no DeleteVolumeGroupSnapshot comes):
     DeleteVolume of each source must still work instead of failing on the group membership.
-    Known bug, kept visible: Tentacle's librbd refuses to move a group member to the trash
-    (EMLINK, "RBD image is member of group") and DeleteVolume answers FAILED_PRECONDITION saying
-    what to do; Pacific's and Reef's clients move it. The fix (leave the driver's own temporary group before the move,
-    FAILED_PRECONDITION naming any other group) is the next step."""
-    if ceph_cluster.release == "tentacle":
-        pytest.xfail("Tentacle's librbd refuses to trash a group member; DeleteVolume does not leave the group yet")
+    Tentacle's librbd refuses to move a group member to the trash (EMLINK), so DeleteVolume
+    takes the image out of the driver's temporary group first."""
     driver = fresh_driver()
     sources = [driver.controller.CreateVolume(create_request(ceph_cluster, size=SIZE), timeout=60).volume.volume_id
                for _ in range(2)]
