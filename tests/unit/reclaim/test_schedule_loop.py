@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -78,6 +79,17 @@ def pv(name: str) -> dict[str, Any]:
     return {"metadata": {"name": f"pv-{name}"}, "spec": {"csi": {
         "driver": DRIVER, "volumeHandle": f"vol-{name}",
         "controllerExpandSecretRef": {"name": "s", "namespace": "ceph"}}}}
+
+
+def recording_sparsify() -> tuple[list[str], Callable[[str, Credentials], Sparsified]]:
+    """A sparsify that reclaims nothing, and the volumes it was called for, in order."""
+    called: list[str] = []
+
+    def sparsify(volume_id: str, credentials: Credentials) -> Sparsified:
+        called.append(volume_id)
+        return Sparsified("img", in_use=False, used_before=0, used_after=0)
+
+    return called, sparsify
 
 
 def make_loop(sparsify: Any, names: list[str], recorder: Recorder) -> ReclaimSpaceLoop:
@@ -166,11 +178,7 @@ def test_a_term_that_ends_mid_call_records_nothing() -> None:
 
 
 def test_the_loop_reads_the_claims_namespace_from_its_informer() -> None:
-    sparsified: list[str] = []
-
-    def sparsify(volume_id: str, credentials: Credentials) -> Sparsified:
-        sparsified.append(volume_id)
-        return Sparsified("img", in_use=False, used_before=0, used_after=0)
+    sparsified, sparsify = recording_sparsify()
 
     recorder = Recorder()
     loop = make_loop(sparsify, ["a"], recorder)
@@ -183,11 +191,7 @@ def test_the_loop_reads_the_claims_namespace_from_its_informer() -> None:
 
 
 def test_until_namespaces_are_listed_only_claims_with_their_own_schedule_run() -> None:
-    sparsified: list[str] = []
-
-    def sparsify(volume_id: str, credentials: Credentials) -> Sparsified:
-        sparsified.append(volume_id)
-        return Sparsified("img", in_use=False, used_before=0, used_after=0)
+    sparsified, sparsify = recording_sparsify()
 
     recorder = Recorder()
     loop = make_loop(sparsify, ["own", "by-class"], recorder)
@@ -206,11 +210,7 @@ def test_until_namespaces_are_listed_only_claims_with_their_own_schedule_run() -
 
 def test_namespaces_never_listed_fall_back_to_claim_and_class_schedules(monkeypatch: pytest.MonkeyPatch) -> None:
     """An install upgraded without the namespaces grant keeps its class schedules after the patience."""
-    sparsified: list[str] = []
-
-    def sparsify(volume_id: str, credentials: Credentials) -> Sparsified:
-        sparsified.append(volume_id)
-        return Sparsified("img", in_use=False, used_before=0, used_after=0)
+    sparsified, sparsify = recording_sparsify()
 
     recorder = Recorder()
     loop = make_loop(sparsify, ["by-class"], recorder)
