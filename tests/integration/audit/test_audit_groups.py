@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid as uuidlib
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -19,7 +18,7 @@ from cephcsi._generated import csi_pb2, csi_pb2_grpc
 from cephcsi.audit import scan_snaps
 from cephcsi.ceph import omap
 from tests.ceph.fixtures import CephTestCluster
-from tests.integration.audit.seed import admin_namespace, new_uuid, run_audit, write_config
+from tests.integration.audit.seed import admin_namespace, new_uuid, run_audit
 from tests.integration.controller.helpers import MiB, create_request, image_of, until_ok
 from tests.integration.driver import DriverProcess
 
@@ -35,23 +34,6 @@ def group_request(cluster: CephTestCluster, volume_ids: list[str]) -> csi_pb2.Cr
 
 def by_kind(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     return {(f["kind"], f["subject"]): f for f in doc["findings"]}
-
-
-@pytest.fixture
-def drivers(tmp_path: Path, ceph_cluster: CephTestCluster) -> Iterator[tuple[str, str, Callable[..., DriverProcess]]]:
-    namespace = f"audit-group-{uuidlib.uuid4().hex[:8]}"
-    config = write_config(ceph_cluster, str(tmp_path / "config.json"), namespace)
-    started: list[DriverProcess] = []
-
-    def start(env: dict[str, str] | None = None) -> DriverProcess:
-        # A short lease: a killed driver's lapses 2 s later, so the audit judges its debris.
-        process = DriverProcess(config, mode="controller", env=env or {}, args=["--journal-lock-timeout=2s"])
-        started.append(process)
-        return process.start()
-
-    yield namespace, config, start
-    for process in started:
-        process.cleanup()
 
 
 def test_audit_reports_abandoned_group_creates_and_removes_only_an_orphan_rbd_group(

@@ -6,9 +6,7 @@ and the volume restored from it untouched and readable."""
 from __future__ import annotations
 
 import time
-import uuid as uuidlib
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -19,7 +17,7 @@ from cephcsi._generated import csi_pb2
 from cephcsi.audit import scan_snaps
 from cephcsi.ceph import omap as ceph_omap
 from tests.ceph.fixtures import CephTestCluster
-from tests.integration.audit.seed import NORMAL, Seeder, admin_namespace, new_uuid, run_audit, write_config
+from tests.integration.audit.seed import NORMAL, Seeder, admin_namespace, new_uuid, run_audit
 from tests.integration.controller.helpers import MiB, create_request, image_of, until_ok
 from tests.integration.controller.pool_state import read_pool, wait_for_pool
 from tests.integration.controller.snapshot_helpers import BLOCK, from_snapshot, from_volume, pattern, snapshot_request
@@ -47,24 +45,6 @@ def write_image(io: Any, name: str, data: bytes) -> None:
     with rbd.Image(io, name) as image:
         image.write(data, 0)
         image.flush()
-
-
-@pytest.fixture
-def drivers(tmp_path: Path, ceph_cluster: CephTestCluster) -> Iterator[tuple[str, str, Callable[..., DriverProcess]]]:
-    """(namespace, config, start): drivers working in a fresh rados namespace."""
-    namespace = f"audit-snap-{uuidlib.uuid4().hex[:8]}"
-    config = write_config(ceph_cluster, str(tmp_path / "config.json"), namespace)
-    started: list[DriverProcess] = []
-
-    def start(env: dict[str, str] | None = None) -> DriverProcess:
-        # A short lease: a killed driver's lapses 2 s later, so the audit may repair then.
-        process = DriverProcess(config, mode="controller", env=env or {}, args=["--journal-lock-timeout=2s"])
-        started.append(process)
-        return process.start()
-
-    yield namespace, config, start
-    for process in started:
-        process.cleanup()
 
 
 def test_audit_covers_the_snapshot_journal(ceph_cluster: CephTestCluster,
