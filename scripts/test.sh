@@ -22,6 +22,10 @@
 #   The release sessions run in two lanes at once (see below). The exit status is the first failing
 #   session's. CEPHCSI_TEST_MAIN=0 skips step 1 (to rerun only the release sessions).
 #
+# Each session reports its 25 slowest test phases (--durations), so a CI log shows where the time
+# goes. CEPHCSI_TEST_DRY_RUN=1 prints every session's command line (one argument a line, a blank
+# line after each) instead of running it (tests/unit/test_test_command.py checks them).
+#
 # Extra arguments make it one pytest session with them (e.g. `scripts/test.sh -m unit` for the
 # fast unit tests only, or `scripts/test.sh --ceph-release=reef tests/integration/ceph_ops`).
 set -euo pipefail
@@ -31,6 +35,8 @@ if (($#)); then
   exec .venv/bin/python -m pytest "$@"
 fi
 
+DURATIONS=--durations=25
+DRY_RUN=${CEPHCSI_TEST_DRY_RUN-0}
 CEPH_SUITES=(tests/ceph tests/integration/ceph_ops)
 CONTROLLER=tests/integration/controller
 LONG_KILL_SEARCHES=(
@@ -51,17 +57,18 @@ session() {  # session RELEASE: the pytest command line of that release's sessio
   local release=$1
   case "$release" in
     reef)
-      printf '%s\n' .venv/bin/python -m pytest --ceph-release=reef "${CEPH_SUITES[@]}" "$CONTROLLER"
+      printf '%s\n' .venv/bin/python -m pytest "$DURATIONS" --ceph-release=reef "${CEPH_SUITES[@]}" "$CONTROLLER"
       # The group-snapshot failpoint walk kills the host's Pacific client at named steps, as the
       # main session does; Reef's side of it is covered by that file's other tests.
       deselect_args "${LONG_KILL_SEARCHES[@]}" "$CONTROLLER/test_group_snapshots.py::test_kill_at_every_step_then_retry_completes" \
         "$GROUP_RANDOM_KILLS" ;;
     tentacle)
-      printf '%s\n' tests/ceph/in_root.sh tentacle --ceph-release=tentacle "${CEPH_SUITES[@]}" "$CONTROLLER"
+      printf '%s\n' tests/ceph/in_root.sh tentacle "$DURATIONS" --ceph-release=tentacle "${CEPH_SUITES[@]}" "$CONTROLLER"
       deselect_args "${LONG_KILL_SEARCHES[0]}" "${LONG_KILL_SEARCHES[2]}" "$CONTROLLER/test_bench_go_caller.py" \
         "$GROUP_RANDOM_KILLS" ;;
     tentacle-legacy)
-      printf '%s\n' .venv/bin/python -m pytest --ceph-release=tentacle-legacy "${CEPH_SUITES[@]}" tests/integration/auth ;;
+      printf '%s\n' .venv/bin/python -m pytest "$DURATIONS" --ceph-release=tentacle-legacy "${CEPH_SUITES[@]}" \
+        tests/integration/auth ;;
     *) echo "scripts/test.sh: unknown release $release in CEPHCSI_TEST_RELEASES" >&2; return 2 ;;
   esac
 }
@@ -84,8 +91,17 @@ run_session() {  # run_session RELEASE LOG: that release's session, its output t
 }
 
 status=0
+main=(.venv/bin/python -m pytest "$DURATIONS")
+if [[ $DRY_RUN == 1 ]]; then
+  [[ ${CEPHCSI_TEST_MAIN-1} != 0 ]] && printf '%s\n' "${main[@]}" ""
+  for release in ${CEPHCSI_TEST_RELEASES-reef tentacle tentacle-legacy}; do
+    session "$release"
+    echo
+  done
+  exit 0
+fi
 if [[ ${CEPHCSI_TEST_MAIN-1} != 0 ]]; then
-  .venv/bin/python -m pytest || status=$?
+  "${main[@]}" || status=$?
 fi
 # The release sessions run in lanes, one per release family (reef; tentacle and tentacle-legacy,
 # which share the sid root and its loopback address, one after the other), the lanes at the same
