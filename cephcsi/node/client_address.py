@@ -1,18 +1,8 @@
 """The node's Ceph client address, reported where the controller finds it to fence the node.
 
-krbd, rbd-nbd and rbd-fuse on a node all reach the cluster from the address the kernel routes
-the monitors' traffic from; that IP is what the controller blocklists when the node is marked
-out of service (cephcsi.volumes.publish). It is found without sending anything: a UDP socket
-"connected" to a monitor only asks the kernel for the route and its source address.
-
-Where: the omap of `NODE_ADDRESSES` in the volume's pool (node id → address), written with one
-`rados setomapval` the first time this process stages a volume of that pool from that address
-(later stages cost nothing), before the image is mapped, so a node that dies right after
-mapping has reported it. Not per volume in the image metadata as ceph-csi's node plugin does at
-every NodeStage: that is one Ceph round trip per stage (the bench's NodeStage ratio), and the
-address is the node's, not the volume's. The controller reads ceph-csi's per-volume value first,
-so nodes of either driver are fenced. A failure to report is logged and does not fail the stage:
-the controller then falls back to the image's watchers.
+Written once per process, pool and address into the pool's `NODE_ADDRESSES` omap (node id →
+address), before the image is mapped; a failure to report is logged and never fails the stage.
+Why there and not per volume: docs/design/node.md, "The node's part in fencing".
 """
 from __future__ import annotations
 

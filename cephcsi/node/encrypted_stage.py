@@ -1,36 +1,10 @@
 """The LUKS steps of staging a block-encrypted volume (ceph-csi's `encryptionType: block`), between
 the map and the filesystem: format once, open, and later resize and close.
 
-ceph-csi's protocol, kept so either driver stages the other's volumes (internal/rbd/nodeserver.go
-processEncryptedDevice): the image metadata `rbd.csi.ceph.com/encrypted` says
-- "encryptionPrepared": CreateVolume kept a passphrase; the first stage formats LUKS2 on the
-  device — only if the device holds nothing at all (a LUKS header found there is what an
-  interrupted earlier stage wrote: it is kept) — then records "encrypted";
-- "encrypted": the device must hold a LUKS header; it is opened, never formatted;
-- anything else (unset on a volume the context calls encrypted): refused, nothing is written.
-
-Crash safety: the mapping's name is deterministic (`luks-rbd-<volume id>`) and recorded before
-the open, so unstage (or a resumed stage) closes whatever an interrupted stage left open; a
-resumed stage whose mapping is still open needs no passphrase at all. The state goes to
-"encrypted" only after luksFormat returned, and a crash between the two is settled by the next
-stage (it finds the header, keeps it, and records the state).
-
-Two nodes (a Block volume with ReadWriteMany) may stage a "encryptionPrepared" volume at once:
-both would see a blank device and luksFormat it, the second header replacing the first while the
-first node writes through a volume key no header holds any more. So the first format runs under
-the volume's cluster lock (cephcsi.node.volume_lock, the one key rotations take): read the state
-again, probe, luksFormat, record "encrypted" — all while holding it. A stage that finds the lock
-taken waits for it (up to FORMAT_WAIT seconds, then ABORTED: kubelet retries), reads the state
-again and opens the header the other node wrote. Opening an "encrypted" volume takes no lock.
-A stage killed while holding the lock leaves it to lapse after FORMAT_LOCK_SECONDS.
-
-The lock lapses after FORMAT_LOCK_SECONDS whether or not its holder is done (a `rados` run cannot
-renew it), and a format that outlived it could meet another node's: that node would take the
-lock, find the device still blank and format it too. So right before the format (probe and
-luksFormat, each bounded by the command timeout) the time left on the lock must cover both
-runs with a margin; else nothing is written, the lock is released and the stage fails with
-DEADLINE_EXCEEDED for kubelet to retry. After luksFormat a lapse is harmless: whoever comes
-next finds the header and keeps it.
+Follows ceph-csi's `rbd.csi.ceph.com/encrypted` states; formats only a blank device, under the
+volume's cluster lock and only with enough lock time left (else DEADLINE_EXCEEDED); the mapping
+`luks-rbd-<volume id>` is recorded before the open. Protocol and crash windows:
+docs/design/node.md, "Formatting once, opening after".
 """
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """The one place the node plugin runs external commands (rbd, rbd-fuse, losetup, mkfs, mount...).
 
-Every command gets a timeout (a hung `rbd map` or `mount` must become an error, not a stuck
-RPC), runs with `LC_ALL=C` so messages can be matched, and is logged with its argv and duration.
-Secrets never reach argv: keys go to tools through 0600 key files (see
-cephcsi.ceph.credentials.key_file); as a last line of defence `run` refuses argv that carries a
-key inline (`--key`, `--secret`). Output is captured and only a short tail of stderr goes into
-error messages. An argv element that must carry a secret anyway is marked (SecretArg, or listed in
-`secrets`) and shows as `<redacted>` in every log line, error and Result.
-
-Failures map onto cephcsi errors: a missing tool is FAILED_PRECONDITION (the node lacks a
-package), a timeout is DEADLINE_EXCEEDED, a non-zero exit is `CommandFailed` (INTERNAL) which
-callers inspect (`returncode`, `stderr`) to raise something more precise.
+Every command has a timeout (DEADLINE_EXCEEDED), runs with `LC_ALL=C`, is logged with argv and
+duration, and never carries a key on argv (refused; `SecretArg` values show as `<redacted>`).
+A missing tool is FAILED_PRECONDITION, a non-zero exit `CommandFailed` for callers to refine.
+docs/design/node.md, "Running tools".
 """
 from __future__ import annotations
 

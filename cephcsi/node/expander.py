@@ -1,41 +1,10 @@
 """NodeExpandVolume, and the same growth when a volume is staged (resize-on-stage): make a
-grown image's new size visible through the mapper, then grow the filesystem on it online.
+grown image's new size visible through the mapper, then grow the filesystem on it.
 
-Two steps, both idempotent, both re-run from scratch by a retry (nothing is recorded: the
-sizes on the system are the state, so a crash between them needs no recovery):
-
-1. Device. krbd and rbd-nbd resize their device themselves when the image header changes
-   (the kernel client and the rbd-nbd daemon both watch the header), so we only wait for the
-   device to report the requested size. Except an rbd-nbd device bound through the kernel's
-   nbd netlink interface that does not take the new size (rbd-nbd 16.2 cannot resize those;
-   newer rbd-nbd can: mappers/nbd.py), so after a short look the answer is FAILED_PRECONDITION
-   saying that a restage brings the new size, not an endless "retry". The fuse mapper has two layers: rbd-fuse reports the
-   image's current size as its file's size (checked on the real cluster: `stat` follows an
-   `rbd resize` at once), but a loop device keeps the size it had when attached until told
-   otherwise, hence `losetup --set-capacity` when the file is larger than the loop device.
-   An encrypted volume's LUKS mapping then follows its device: dm-crypt never resizes itself,
-   so `cryptsetup resize` (no passphrase: the mapping holds its key, see cephcsi.node.luks)
-   whenever the mapping is smaller than the device less its header; Block claims get the
-   mapping, so they grow by this step alone.
-2. Filesystem (mount access only). Its size is read from the superblock (cephcsi.node.fssize);
-   when it already fills the device nothing runs. Otherwise, on the mounted filesystem:
-   `resize2fs <device>` for ext4 (online resize through the kernel) and `xfs_growfs -d
-   <mount point>` for xfs (XFS grows only while mounted). A device holding anything but the
-   filesystem type the volume was staged with is refused, never resized. A read-only stage is
-   left alone (neither tool can grow a read-only mount; the next read-write stage grows it).
-
-Resize-on-stage grows an ext4 before it is mounted (`before_mount`): offline, resize2fs needs
-no capability, where the online resize needs CAP_SYS_RESOURCE, which a node plugin can lack
-(as on this project's test machines), so a volume grown while unstaged always comes up at its
-new size. resize2fs wants a checked filesystem first: `e2fsck -f -p` (check even if marked
-clean — resize2fs refuses otherwise — and fix only what is safe to fix unattended). A check
-that finds more than that leaves the filesystem untouched, at its old size, and says why.
-
-Finding the volume: the CO gives the path it published (or staged) the volume at and,
-usually, the staging path. The stage record there, or the one found through the mounts that
-share the published mount's device, names the volume, mapper and device; a path holding no
-stage of this volume is NOT_FOUND. Callers hold the node service's per-volume and per-path
-locks (the ones stage and unstage hold), so a concurrent stage/unstage makes this ABORTED.
+Idempotent and stateless (the sizes on the system are the state); callers hold the node's
+per-volume and per-path locks. A path holding no stage of the volume is NOT_FOUND; a device
+that cannot take the new size is FAILED_PRECONDITION. Per-mapper behaviour, offline ext4 growth
+and why: docs/design/node.md, "Growing a volume".
 """
 from __future__ import annotations
 

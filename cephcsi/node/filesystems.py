@@ -1,24 +1,8 @@
 """Probe, create and mount filesystems on mapped devices — without ever reformatting.
 
-The rule that protects users' data: mkfs runs only when a low-level probe (`blkid -p`, which
-reads the device itself, bypassing blkid's cache) finds no signature at all, and never with a
-force flag. blkid reports an unreadable device exactly like an empty one (exit 2), so the device
-is first read directly; an I/O error there stops the stage instead of formatting. A filesystem
-other than the one requested, a partition table, or anything else blkid recognises is
-FAILED_PRECONDITION and the device is left untouched. (mke2fs itself would happily overwrite an
-ext4 when not on a tty, so the probe is the only guard.)
-
-A stage interrupted during mkfs is resumed by the same rule, never by forcing: whatever the
-device holds now may be a filesystem another node made and filled since (the volume moved while
-this node was down). Before mkfs the caller records the UUID mkfs will be given, so a resumed
-stage can tell (and log) whether a filesystem it keeps is the one its own mkfs made.
-
-mkfs defaults are ceph-csi's: ext4 `-m0 -Enodiscard,lazy_itable_init=1,lazy_journal_init=1`
-(no reserved blocks; no discard of a thin image; inode tables and journal initialised lazily,
-so formatting a large image does not write all of it), xfs `-K` (no discard). A `mkfsOptions`
-StorageClass parameter replaces the defaults; it may hold options only, never a force flag or a
-UUID (the driver sets the UUID). XFS is mounted with `nouuid`: clones and restored snapshots
-share their parent's UUID and XFS refuses a second mount with the same UUID.
+mkfs runs only when the device reads cleanly and `blkid -p` finds no signature at all, never
+with a force flag; anything else on the device is FAILED_PRECONDITION and left untouched.
+mkfs defaults are ceph-csi's; XFS mounts with `nouuid`. Why: docs/design/node.md, "Never reformat".
 """
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""How big the filesystem on a device is, read from its superblock (no process started).
+"""How big the filesystem on a device is, read from its ext4 or XFS superblock (no process started).
 
-Used to decide whether a filesystem must be grown: when it already fills its device, staging
-and repeated NodeExpandVolume calls cost one 4 KiB read instead of a resize2fs/xfs_growfs run.
-A stale answer is harmless by construction: it can only make the caller run the grow tool,
-which then finds nothing to do.
-
-Layouts (little-endian ext4, big-endian XFS):
-  ext4  superblock at byte 1024: s_blocks_count_lo u32 @4, s_log_block_size u32 @24 (block size
-        = 1024 << it), s_magic u16 @56 = 0xEF53, s_feature_incompat u32 @96 (0x80: 64bit),
-        s_blocks_count_hi u32 @336 (only with 64bit)
-  xfs   superblock at byte 0: magic "XFSB", sb_blocksize u32 @4, sb_dblocks u64 @8
+Used to skip resize2fs/xfs_growfs when the filesystem already fills its device; a stale answer
+only makes the caller run the grow tool for nothing. Superblock layouts: docs/design/node.md.
 """
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
-"""An RBD image's metadata (`rbd image-meta list/set`) from the node plugin.
+"""An RBD image's metadata (`rbd image-meta list/set`) from the node plugin, which has no librados
+connection of its own.
 
-The node talks to Ceph only through the rbd tools (no librados connection of its own), so an
-encrypted volume's state and stored key are read the same way: one `rbd image-meta` run per
-image, with the user's key in a 0600 file (cephcsi.ceph.credentials.key_file), never in argv.
-A value is never logged (the runner logs argv and stderr, not stdout: a stored key is stdout).
-
-`rbd image-meta set` takes the value only in argv, where any process of the node reads it in
-/proc/*/cmdline; a value that is a secret (the wrapped passphrase) is written by set_secret into
-the image header's omap instead — where librbd keeps image metadata, under `metadata_<key>`, the
-raw value bytes — with `rados setomapval` reading the value from stdin. Unlike `rbd image-meta
-set` that does not notify clients that have the image open; the keys written so (the wrapped
-passphrase) are read fresh by each stage and rotation, never from an open image's cache.
+Keys go in 0600 files and values are never logged; a secret value is written with `set_secret`
+(`rados setomapval` from stdin into the header's `metadata_<key>`), never on argv, and is read
+fresh by each caller. docs/design/node.md, "Image metadata from the node".
 """
 from __future__ import annotations
 

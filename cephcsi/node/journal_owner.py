@@ -1,15 +1,8 @@
 """The tenant of a volume (the claim's namespace) as the node reads it: the journal record's
 `csi.volume.owner`, written by CreateVolume of an encrypted volume (ours and ceph-csi's).
 
-ceph-csi's node reads it from the record object `csi.volume.<uuid>` in the pool the volume id
-names (the image's pool) before it builds the KMS; KMS settings relative to the tenant (the
-`metadata` type's Secret without secretNamespace, vaulttokens' token Secret and ConfigMap) need
-it. The node has no librados connection, so one `rados getomapval` run reads it, with the
-stage's key in a 0600 file (never in argv).
-
-A volume ceph-csi journaled in another pool than its image (topologyConstrainedPools, see
-cephcsi.volumes.split_journal) keeps its values in the journal pool, which the node cannot
-name from the volume id: there the record in the image pool has no owner, and the tenant is "".
+One `rados getomapval` run in the image's pool, the key in a 0600 file; a volume journaled in
+another pool (ceph-csi's split journal) reads as tenant "". docs/design/node.md.
 """
 from __future__ import annotations
 

@@ -1,56 +1,10 @@
 """Key rotation of a LUKS2 block-encrypted volume: a new passphrase in the header and in the KMS,
 the old one gone from both, done where the volume is staged (`cephcsi rotate-key`).
 
-Only the keyslots change; the volume key that encrypts the data stays, so open mappings (this
-node's and any other's) keep working and no data is rewritten.
-
-Slots, as ceph-csi uses them (internal/rbd/encryption.go RotateEncryptionKey): slot 0 holds the
-volume's passphrase (luksFormat put it there), slot 1 a backup copy of the passphrase the KMS
-holds while a rotation runs. Steps, each a single cryptsetup or KMS write:
-
-1. the KMS passphrase P (what NodeStage opens with) must open some slot; if slot 1 is not P
-   already, it is cleared (it can only be a backup of an earlier, interrupted rotation: P opens
-   another slot, checked first) and P is added to slot 1;
-2. slot 0 is cleared (P stays in slot 1) and a new passphrase N is added to slot 0;
-3. N is checked to open slot 0, and any slot other than 0 and 1 that P opens is cleared (a
-   recovery key of its own stays);
-4. N replaces P in the KMS (`metadata`: the re-wrapped passphrase in rbd.csi.ceph.com/dek; vault:
-   stored under the volume id) — one atomic write;
-5. slot 1 is cleared.
-
-Why a kill at any point leaves a volume that opens with what the KMS holds: until step 4 the KMS
-holds P, and P is in slot 1 from step 1 on; nothing before step 1 removes a slot P opens (step 1
-clears slot 1 only after P was seen to open another). Step 2 clears slot 0 only once P is in slot
-1. Step 3 clears only slots other than 1. Step 4 switches the KMS from P to N in one write,
-after step 3 proved N opens slot 0, and step 5 never touches slot 0. So the KMS passphrase
-opens a slot between any two steps.
-
-Why a re-run completes: it starts from whatever the KMS holds, which opens a slot. A kill before
-step 4 leaves P in the KMS and a copy in slot 1 (and perhaps a never-stored N in slot 0, which
-step 2 of the re-run clears); a kill after step 4 leaves N in the KMS, in slot 0, and the stale P
-in slot 1, which the re-run's step 1 clears. Either way the re-run is a full rotation from the
-KMS passphrase and ends with one fresh passphrase in slot 0 and in the KMS, slot 1 empty. A
-passphrase that only ever lived in the memory of a killed run never reaches the KMS, so nothing
-depends on it.
-
-Two rotations of one volume interleaved could store a passphrase the other just removed, so they
-exclude each other: on the node, a lock file (flock: it dies with its process); across nodes,
-ceph-csi's rotation lock (an exclusive cls_lock `<volume id>-mutexlock` on the RADOS object named
-after the volume id, in the image's pool and namespace), so ceph-csi's rotations are excluded too.
-That lock lapses LOCK_SECONDS after it was taken (the CLI cannot renew it: each `rados` run is a
-new client), so the KMS write is refused once the lapse is near; a lock left by a killed run of
-this node (its cookie names this host, and this host's flock is ours) is broken by the re-run,
-one of another node or of ceph-csi is waited out.
-The `default` KMS cannot rotate: its passphrase is the StorageClass Secret's encryptionPassphrase,
-the same for every volume of the class, and nothing per volume is kept.
-
-A new slot gets the PBKDF (type, time and memory cost) of the header's own slot, not a fresh
-benchmark: see kdf_options.
-
-Secrets: passphrases reach cryptsetup on stdin (the key that authorises) and in a 0600 file in a
-private directory removed right after the call (the new key of luksAddKey); never argv or logs.
-The wrapped passphrase (`metadata`) is written into the image metadata from stdin
-(RbdImageMetadata.set_secret), never argv, and is scrubbed from whatever the tool prints.
+Only keyslots change (slot 0 the passphrase, slot 1 a backup during a rotation, as ceph-csi);
+between any two steps the KMS passphrase opens a slot, and a re-run completes a killed one.
+Rotations exclude each other by flock and ceph-csi's `<volume id>-mutexlock`; the `default`
+KMS cannot rotate. Steps and proof: docs/design/node.md, "Rotating a LUKS key".
 """
 from __future__ import annotations
 

@@ -1,25 +1,8 @@
 """Volumes that ceph-csi's node plugin staged, found on a node after the switch to cephcsi.
 
-The kubelet keeps staging and publish paths across a plugin switch, so cephcsi must serve
-volumes it never staged. ceph-csi's layout (internal/rbd/nodeserver.go, rbd_util.go):
-
-    <staging>/image-meta.json   its stash: {"Version", "pool", "radosNamespace", "image",
-                                "unmapOptions", "accessType" (true: rbd-nbd), "encrypted",
-                                "device", "logDir", "logFileStrategy"}
-    <staging>/<volume id>       the filesystem mounted there (a directory), or for Block the
-                                device bind-mounted onto a file of that name
-
-Here such a stage is:
-- unstaged as ceph-csi unstages it: unmount `<staging>/<volume id>` (refused while a publish
-  still uses it), remove it, unmap the stash's image with the mapper the stash names (krbd, or
-  rbd-nbd when `accessType` is true), for rbd-nbd apply the stash's `logFileStrategy` to the
-  daemon's log file `<logDir>/rbd-nbd-<volume id>.log` (apply_log_strategy), remove the stash.
-  A LUKS-encrypted volume (`encrypted` true) has its dm-crypt mapping, which ceph-csi names
-  `luks-rbd-<volume id>` as cephcsi does, closed between the unmount and the unmap;
-- published from, binding `<staging>/<volume id>` (a new pod on a node where ceph-csi staged
-  the volume: the kubelet publishes without staging again);
-- taken as staged by NodeStageVolume (a kubelet restart re-stages what it finds), so the same
-  filesystem is never mounted a second time next to it.
+Such a stage (`<staging>/image-meta.json` beside `<staging>/<volume id>`) is unstaged the way
+ceph-csi unstages it, published from, and taken as staged by NodeStageVolume, so the same
+filesystem is never mounted twice. Layout and steps: docs/design/node.md, "Which image".
 """
 from __future__ import annotations
 

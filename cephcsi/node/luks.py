@@ -1,23 +1,9 @@
 """LUKS2 on a mapped RBD device, through cryptsetup — and nothing else (what a volume's state is,
 and where its passphrase comes from, is cephcsi.node.encrypted_stage's business).
 
-Compatibility with ceph-csi (internal/util/cryptsetup.go, crypto.go), so that a volume either
-driver formatted opens under the other and a stage ceph-csi left on a node is recognised:
-- the dm-crypt mapping is named `luks-rbd-<volume id>` (/dev/mapper/luks-rbd-<volume id>);
-- the header is LUKS2, sha256, with the default PBKDF (argon2id) capped at 32 MiB of memory:
-  a node with little free memory can still open it, and argon2's default (up to 1 GiB) would take
-  minutes on a small VM;
-- the passphrase is the string itself, read whole from standard input (no newline handling);
-- the mapping is opened with `--disable-keyring`: the volume key then lives in the dm table,
-  so `cryptsetup resize` needs no passphrase (and ceph-csi's mappings resize the same way).
-
-Data safety: `format` runs only on a device where the same low-level probe that guards mkfs
-(cephcsi.node.filesystems.probe: the device read directly, then `blkid -p`) finds no signature
-at all, and never with a force flag (`-q` only skips the interactive "type YES" prompt that
-a non-tty would fail on). A LUKS header that is already there is opened, never re-created.
-
-Secrets: the passphrase reaches cryptsetup on its stdin (`--key-file=-`), never argv, and is
-scrubbed from anything cryptsetup prints before that reaches a log line or an error message.
+Compatible with ceph-csi's headers and `luks-rbd-<volume id>` mappings; `format` only where the
+mkfs probe finds no signature, never forced; passphrases on stdin only and scrubbed from output.
+docs/design/node.md, "LUKS through cryptsetup".
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """Mount table reading and mount/unmount/bind operations.
 
-The mount table comes from /proc/self/mountinfo, parsed here by hand. Why no library: psutil's
-disk_partitions() drops bind mounts' root, major:minor and the super options we need to tell a
-bind of a device node from a filesystem mount, and libmount's Python bindings are not on PyPI
-(Debian's python3-libmount is built for the system Python only). The format is small and stable
-(proc(5)): ten-ish space-separated fields, a variable list of optional fields ended by "-", and
-octal escapes for space, tab, newline and backslash in paths.
-
-Mounting uses util-linux mount(8)/umount(8) through cephcsi.node.exec: they handle option
-parsing (ro, nouuid, _netdev, ...), helper programs and /run/mount/utab, which a raw mount(2)
-via ctypes would not.
+The table is /proc/self/mountinfo, parsed here; filesystem mounts run mount(8) through
+cephcsi.node.exec, binds and unmounts use cephcsi.node.mount_syscalls where they can.
+Why no library: docs/design/node.md, "The mount table and mounting".
 """
 from __future__ import annotations
 

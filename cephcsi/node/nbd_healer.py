@@ -1,26 +1,8 @@
 """Re-attach rbd-nbd devices whose daemons died with the previous node plugin (ceph/ceph-csi#2204).
 
-A container restart kills the rbd-nbd daemons the plugin started. For a netlink-bound device
-the kernel keeps /dev/nbdX, queues its I/O and waits `reattach-timeout` seconds for a new
-daemon; the mounts on it, and the pods writing to them, only stall. At start the plugin goes
-through the re-attach records (mappers/nbd_attachments.py) and, for each device:
-  * still served (the daemon survived, e.g. a plugin run outside a container): nothing to do;
-  * waiting (the kernel still holds it with our cookie, no daemon): `rbd device attach` — I/O
-    resumes where it stalled, nothing acknowledged is lost (a write is acknowledged only once
-    the daemon has it on the image);
-  * gone (disconnected in the kernel, or bound for another mapping: no backend, or another cookie):
-    nothing can bring it back. An ERROR
-    says which volume, and that its pods must be restarted; the next NodeStageVolume of the
-    volume unmounts the dead staging mount and maps again (Stager), its NodeUnstageVolume
-    cleans up as usual.
-Linux 6.1 keeps a netlink-bound device configured after reattach-timeout (seen in tests/vm: the
-backend and size stay): only the I/O sent in the gap fails (EIO), and a late re-attach still works,
-so "waiting" means "still bound with our cookie", however long ago the daemon died. Ioctl-bound
-devices (the default, no `try-netlink`) die with their daemon and have no record: the start-up
-warning of mappers/select.py and docs say so.
-
-It runs in a thread right after start-up, holding each volume's lock while it works on it, so a
-NodeStage/NodeUnstage the kubelet sends meanwhile waits for (ABORTED, retried) or follows it.
+At start, in a thread, each re-attach record's device is left alone (still served), re-attached
+(`rbd device attach`: still bound with our cookie) or reported gone with an ERROR; each volume's
+lock is held while it is handled. docs/design/node.md, "Re-attaching rbd-nbd".
 """
 from __future__ import annotations
 

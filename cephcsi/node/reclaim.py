@@ -1,29 +1,8 @@
-"""The node half of reclaiming space: `fstrim` on a staged filesystem volume, so the blocks its
-filesystem freed are discarded down to RADOS (krbd and rbd-nbd pass discards to librbd, which
-deallocates or zeroes the object ranges). docs/reclaim-space.md.
+"""The node half of reclaiming space: `fstrim` on a staged filesystem volume. docs/reclaim-space.md.
 
-What is trimmed, as ceph-csi's NodeReclaimSpace decides:
-- a filesystem volume staged read-write: `fstrim` on its staging mount (`<staging>/fs`), after
-  checking that the top mount there is of the volume's own device (its major:minor is the
-  recorded device's st_rdev) — fstrim on a directory that is not a mount point would trim
-  whatever filesystem holds it (the node's kubelet disk), and on a mount of another device that
-  device's filesystem;
-- a Block volume: nothing. Only the application knows which of its ranges are free; a
-  `blkdiscard` of the device would destroy its data. Its zeroed objects come back through the
-  controller's sparsify once no node uses it (cephcsi.ceph.sparsify);
-- a volume staged read-only: nothing (a read-only mount cannot be trimmed, and another node may
-  be writing it); likewise a filesystem the kernel made read-only itself (ext4's
-  errors=remount-ro after an error: its mount options still say rw, its superblock's say ro) —
-  the kernel declared it inconsistent, and it is left to fsck;
-- a LUKS-encrypted volume: nothing (its dm-crypt mapping is opened without allow-discards).
-
-Exclusion: the trim holds the node's per-volume lock (NodeService.volume_locks) non-blocking, so
-it never runs while the volume is being staged, unstaged, expanded or published; a busy volume is
-skipped and tried again on the next pass. A failed or timed-out fstrim is not retried before the
-leader records its next run (cephcsi.node.reclaim_loop): fstrim on a big filesystem can take
-minutes, and each attempt holds the volume's lock, so NodeUnstage/Publish/Expand of the volume
-would be ABORTED for as long as it retried. Mount options keep `discard` off by default (the
-StorageClass's mountOptions may add it): online discard costs every delete, a periodic trim once.
+Only read-write filesystem stages whose top mount is the volume's own device are trimmed (not
+Block, read-only or LUKS volumes: `why_not`); the trim holds the per-volume lock non-blocking
+and runs at most TRIM_TIMEOUT. docs/design/node.md, "What is trimmed".
 """
 from __future__ import annotations
 

@@ -1,20 +1,8 @@
 """Where the node pass (cephcsi.node.reclaim_loop) reads the leader's record of a volume's last
 reclaim-space run: the claim's `reclaimspace.cephcsi.ceph.io/last-run` annotation.
 
-The node knows a staged volume by its id; the claim is found without listing anything:
-- the PV's name is in the volume's publish paths (the kubelet bind-mounts the staging mount onto
-  `<kubelet>/pods/<pod uid>/volumes/kubernetes.io~csi/<pv name>/mount`), found in the mount table
-  as mounts of the same device and filesystem root as the staging mount;
-- `get` of that PV (its volumeHandle must be the volume's id) gives the claim's namespace and name;
-- `get` of the claim gives the annotation.
-So the node's RBAC grows by `get` on PersistentVolumes and PersistentVolumeClaims only (no list,
-no watch: deploy/node-rbac.yaml). A volume staged but not published (its pod is going away) has no
-PV name here and is not trimmed; an API failure leaves the volume for the next pass.
-
-The PV's answer (which claim) is kept per volume id while the volume stays staged here: a bound
-PV's claimRef does not change, so only the claim is read each pass — one GET per published
-volume. A claim that is gone (404) or is another object under the same name (its uid is not the
-claimRef's) drops the entry, and the PV is read again on the next pass.
+PV name from the volume's publish paths, then `get` of the PV and of its claim (no list or
+watch); the PV's answer is cached per volume id. docs/design/node.md, "Finding the claim".
 """
 from __future__ import annotations
 

@@ -1,34 +1,9 @@
 """The node plugin's reclaim-space pass: trims the staged volumes whose claim the controller
 leader has recorded a run on since this node last trimmed them. docs/reclaim-space.md.
 
-Why the node follows the leader's record instead of reading the schedule itself: one place
-decides when a volume is due (the leader, cephcsi.sidecars.reclaimspace), so nodes never disagree
-with it (clock skew, a schedule edited between two reads), and the request needs no object or
-channel of its own — the claim's `reclaimspace.cephcsi.ceph.io/last-run` annotation, which the
-leader writes after its sparsify, is it. The driver has no csi-addons sidecar to carry a
-NodeReclaimSpace call, and a request CRD would need an operator to install it.
-
-Each pass (every --reclaimspace-poll-interval, by default 10 minutes in node mode: a schedule
-names at most one run an hour, and a pass reads the API for every staged volume):
-1. the stage records under this driver's staging directories (`--drivername`: another cephcsi
-   instance on the node, with another name, trims its own volumes under its own locks) that can
-   be trimmed (cephcsi.node.reclaim.why_not) — nothing else is read when there are none;
-2. for those, the claim's last-run through `requests` (cephcsi.node.reclaim_claims: the PV named by
-   the volume's publish path, then its claim — `get` by name only);
-3. a trim of each whose last-run is newer than the one this node last honoured, under the node's
-   per-volume lock, taken without waiting (a busy volume is tried again next pass); the record is
-   read again under the lock, since an unstage may have removed it meanwhile.
-
-A trim that fails (or runs out of reclaim.TRIM_TIMEOUT) counts as honouring the run too: it is
-not tried again before the leader records the next one. Retrying every pass would hold the
-volume's lock for a long fstrim again and again, and the volume's NodeUnstage, NodePublish and
-NodeExpand would find it busy (ABORTED) most of the time, forever if the trim never succeeds. A
-busy volume (the lock taken by one of those calls) is different: nothing ran, so it is tried on
-the next pass.
-
-What was honoured is kept per volume id in `<state-dir>/reclaim-trims.json` (written atomically),
-so a plugin restart does not trim every volume again; a lost file costs one extra trim each,
-which changes nothing on the volumes.
+A failed trim counts as honoured (not retried before the next recorded run); a busy volume is
+tried next pass. What was honoured is kept in `<state-dir>/reclaim-trims.json`. Why the node
+follows the leader's record: docs/design/node.md, "Following the leader's record".
 """
 from __future__ import annotations
 

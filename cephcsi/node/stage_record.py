@@ -1,23 +1,8 @@
 """The stage record: what NodeUnstageVolume needs to undo a NodeStageVolume, kept on disk.
 
-Layout of a staging path (the directory the CO passes as staging_target_path):
-
-    <staging>/cephcsi-stage.json   this record
-    <staging>/fs                   Filesystem volumes: the filesystem is mounted here
-    <staging>/block                Block volumes: the device node is bind-mounted onto this file
-
-An encrypted volume's filesystem (or Block bind) is on /dev/mapper/luks-rbd-<volume id>, the
-LUKS mapping over the mapped device (cephcsi.node.encrypted_stage).
-
-The volume is mounted on a subdirectory, as ceph-csi does, never on the staging path itself, so
-the record stays visible next to the mount instead of being hidden under it, and the CO's
-staging directory is never a mount point of ours.
-
-The record is rewritten (atomically: temp file, fsync, rename, fsync of the directory) BEFORE
-each step that creates something — mapping a device, starting rbd-fuse, mounting — and after
-each step that learns something (the device path). A crash between any two steps therefore
-leaves a record from which NodeUnstageVolume, or a retried NodeStageVolume, finds what exists
-and finishes or undoes it. It is removed last, after everything it describes is gone.
+`<staging>/cephcsi-stage.json` beside `<staging>/fs` (filesystem mount) or `<staging>/block`
+(device bind); rewritten atomically before each step that creates something and after each that
+learns something, removed last. docs/design/node.md, "Staging and its record".
 """
 from __future__ import annotations
 

@@ -1,21 +1,9 @@
 """NodeStageVolume / NodeUnstageVolume: map the image, make and mount its filesystem (or bind
 its device), and undo all of it — restart-safe through the stage record.
 
-Stage is a sequence of idempotent "ensure" steps (mapped → formatted → mounted), each preceded
-by a record write, so a retried stage after a crash resumes where the crash left off. An
-encrypted volume has one more after the map: its LUKS2 mapping formatted once and opened
-(cephcsi.node.encrypted_stage), which the filesystem or Block bind then sits on; unstage closes it
-before the unmap. A file-encrypted volume (fscrypt) gets an ext4 with the encrypt feature and, after
-the mount, its encrypted directory unlocked (cephcsi.node.fscrypt.stage); unstage removes its key
-before the unmount. If a
-stage fails, everything this incomplete stage created is undone (the CO will not call unstage
-after an error it considers final, so leaving a device mapped would leak it); a failed attempt
-to repair an already complete stage only undoes what that attempt itself created.
-
-Unstage trusts nothing blindly: the device in the record is checked against the live system
-(mapper.find), mounts against /proc/self/mountinfo, and if the record is missing the staging
-mounts and the fuse work directory are re-derived from the system (rederive.py). It refuses, with
-FAILED_PRECONDITION, while the volume is still published somewhere under the kubelet dir.
+Stage resumes after a crash and undoes what a failed attempt created; unstage checks the record
+against the system (re-deriving it when lost) and refuses while the volume is still published.
+docs/design/node.md, "Staging and its record".
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """Topology segments for NodeGetInfo, from the labels of this node's Node object.
 
-With `--domainlabels=topology.kubernetes.io/zone,...` the plugin reports
-`topology.<driver name>/<label suffix>` = the label's value (ceph-csi's keys, e.g.
-`topology.rbd.csi.ceph.com/zone`), so the provisioner can place volumes in the node's domain.
-Labels are read at each NodeGetInfo (the kubelet calls it once per plugin registration), so a
-relabelled node is picked up on the next registration without caching stale values.
-
-The Kubernetes client gets its own Configuration object (in-cluster, or --kubeconfig) instead
-of the library's process-wide default, so this reader cannot disturb other clients in the
-process. Failures to reach the API server are UNAVAILABLE (the kubelet retries registration);
-a missing label is FAILED_PRECONDITION (someone must label the node).
+`--domainlabels` → `topology.<driver name>/<label suffix>` (ceph-csi's keys), read at each
+NodeGetInfo with a client of its own; API unreachable is UNAVAILABLE, a missing label
+FAILED_PRECONDITION. docs/design/node.md, "Topology".
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """A volume's cluster-wide exclusive lock: ceph-csi's `<volume id>-mutexlock` cls_lock on the RADOS
-object named after the volume id, in the image's pool and namespace (internal/rbd/encryption.go
-RotateEncryptionKey takes it), taken and released with the `rados` tool — the node has no
-librados connection of its own.
+object named after the volume id, taken and released with the `rados` tool.
 
-Who takes it: a key rotation (cephcsi.node.key_rotation) and the first LUKS format of a volume
-(cephcsi.node.encrypted_stage), so two nodes never format one volume at once, and a rotation never
-runs while a format does; ceph-csi's rotations are excluded too.
-
-The lock lapses `duration` seconds after it was taken (each `rados` run is a new client, so it
-cannot be renewed): a holder that died frees the volume by itself. Each holder names itself by
-its cookie; release breaks only the lockers with that cookie.
+Taken by key rotations and the first LUKS format; it lapses `duration` seconds after it was
+taken (it cannot be renewed), and release breaks only this holder's cookie. docs/design/node.md.
 """
 from __future__ import annotations
 

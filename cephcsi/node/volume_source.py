@@ -1,21 +1,9 @@
 """Which RBD image a node request is about: a volume this driver provisioned, or a static
-(pre-provisioned) volume as ceph-csi documents them (docs/static-pvc.md upstream).
+(pre-provisioned) volume as ceph-csi documents them.
 
-A provisioned volume's id is ours (`0001-...-<uuid>`, see cephcsi.volumes.volume_id) and its
-volume context names the image. A static volume is a PV written by hand:
-
-    csi:
-      driver: rbd.csi.ceph.com
-      volumeHandle: my-image             # the bare RBD image name
-      volumeAttributes:
-        staticVolume: "true"
-        clusterID: <an entry of config.json>
-        pool: <pool holding the image>
-        # optional: radosNamespace, imageFeatures, mounter, mapOptions, unmapOptions, mkfsOptions
-
-For those the volume id *is* the image name, and nothing about it is journaled: the driver
-never created the image, so it never deletes it either (DeleteVolume of an id that does not
-decode is a no-op, and the provisioner refuses reclaimPolicy Delete on such PVs).
+A static volume's id is the bare image name (`staticVolume: "true"` with clusterID and pool in
+the volume attributes); nothing about it is journaled and the driver never deletes it.
+The PV format: docs/design/node.md, "Which image".
 """
 from __future__ import annotations
 

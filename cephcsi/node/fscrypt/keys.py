@@ -1,13 +1,8 @@
 """google/fscrypt's key handling: how a protector key wraps a policy key, how a passphrase or raw
 key wraps a protector key, and how descriptors are named.
 
-- wrap: HKDF-SHA256 (no salt, no info) of the 32-byte wrapping key gives an AES-256-CTR key and
-  an HMAC-SHA256 key; a random 16-byte IV; the HMAC covers IV || ciphertext.
-- custom_passphrase protectors: wrapping key = Argon2id(passphrase, salt, costs), 32 bytes.
-- raw_key protectors: the wrapping key is the 32 raw bytes themselves.
-- protector descriptor: hex of the first 8 bytes of SHA-512(SHA-512(protector key)) (fscrypt's v1
-  descriptor); v2 policy descriptor: hex of HKDF-SHA512(policy key, info "fscrypt\\0\\x01"), 16
-  bytes, which is also the identifier the kernel computes for the key.
+Byte-compatible with google/fscrypt (and so with ceph-csi); the algorithms are listed in
+docs/design/node.md, "fscrypt: file encryption".
 """
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""The `.fscrypt` directory at the root of a filesystem, as google/fscrypt lays it out:
-`.fscrypt/protectors/<protector descriptor>` and `.fscrypt/policies/<policy descriptor>`, one
-protobuf record per file, mode 0600, directories 0755 (its "single user writable" setup, which
-ceph-csi asks for).
+"""The `.fscrypt` directory at the root of a filesystem, as google/fscrypt lays it out
+(`protectors/<descriptor>`, `policies/<descriptor>`, one 0600 protobuf record per file).
 
-Every write is crash-safe the way google/fscrypt does it: the whole `.fscrypt` tree is built in a
-`.tmp*` directory and renamed into place; each record goes to a `.tmp*` file that is fsynced and
-renamed over its final name. A kill leaves either the old state or the new one, plus at most a
-`.tmp*` leftover that nothing reads.
+Every write is atomic (build in `.tmp*`, fsync, rename): a kill leaves the old state or the new.
+docs/design/node.md, "fscrypt: file encryption".
 """
 from __future__ import annotations
 

@@ -2,15 +2,8 @@
 the staging mount, unlock (first stage: set up) `<mount>/ceph-csi-encrypted`; publish binds that
 directory; before the unmount, its key leaves the filesystem keyring.
 
-Which secret opens the "ceph-csi" protector follows ceph-csi (internal/util/fscrypt/fscrypt.go):
-- a KMS that keeps the passphrase in the image (`metadata`): a passphrase protector over the
-  KMS's own secret (ceph-csi's GetSecret), not a per-volume key;
-- any other KMS (default, vault, vaulttokens): a raw-key protector over the passphrase the KMS
-  keeps for the volume (the StorageClass secret's encryptionPassphrase for the default KMS).
-  ceph-csi's controller keeps none for a file-encrypted volume (cephcsi's keeps one as for block,
-  which is then used); when the KMS has none yet, the first stage keeps a new one, as ceph-csi's
-  node does. A kept one is never replaced (ceph-csi's node replaces it at every first set-up):
-  a replaced key that a kill separated from its protector would lock the volume for good.
+Which secret opens the "ceph-csi" protector follows ceph-csi per KMS type; a passphrase the KMS
+keeps is never replaced. docs/design/node.md, "fscrypt: file encryption".
 """
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
-"""A staged filesystem's encrypted directory, in ceph-csi's layout: `<staging>/ceph-csi-encrypted`
-with a v2 policy (AES-256-XTS contents, AES-256-CTS names, 32-byte name padding: google/fscrypt's
-defaults, which ceph-csi keeps), whose key is wrapped by one protector named "ceph-csi":
+"""A staged filesystem's encrypted directory in ceph-csi's layout: `<staging>/ceph-csi-encrypted`
+with a v2 policy whose key is wrapped by one protector named "ceph-csi".
 
-- a KMS that keeps the passphrase itself (default, vault...): a raw_key protector; the key is the
-  passphrase cut or NUL-padded to 32 bytes (keys.raw_key);
-- a KMS that keeps it in the image (`metadata`): a custom_passphrase protector over the KMS
-  secret itself (ceph-csi does that so an operator can open the directory with `fscrypt unlock`).
-
-unlock() is idempotent and completes whatever a killed earlier call left: each step is either
-atomic on disk or re-done when found missing, and the policy is set on the directory only after
-its metadata is durable, so a directory with a policy always has the record that opens it.
-(ceph-csi itself refuses the half-done states with "unsupported state".)
+unlock() is idempotent and completes whatever a killed earlier call left; a directory with a
+policy always has the record that opens it. docs/design/node.md, "fscrypt: file encryption".
 """
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """What every mapper (krbd, rbd-nbd, fuse) provides: turn an RBD image into a block device on
 this node and back.
 
-Contract:
-  * `map` returns the device path; mapping an image this mapper already mapped for the same
-    record returns the existing device (a retried NodeStageVolume after a crash must not map
-    twice).
-  * `find` re-derives the device from the system when a crash lost it from the record.
-  * `unmap` is idempotent: a device already gone is success.
-  * Keys go to the tools through a 0600 key file that is removed once the tool has connected.
+`map` returns the device (the existing one when already mapped for the record), `find`
+re-derives it when a crash lost it, `unmap` is idempotent; keys reach the tools in a 0600 key
+file removed once they have connected. docs/design/node.md, "Mappers".
 """
 from __future__ import annotations
 

@@ -1,28 +1,8 @@
 """One writer per single-node volume: the `exclusive` map option.
 
-Every read-write volume this driver serves is single-node (multi-node access is read-only,
-cephcsi.csi.capabilities), so a second client writing the image while this node has it mapped
-read-write can only be a mistake — a node that came back after its pods moved, a hand-run
-`rbd map`, another cluster's driver — and two writers corrupt a filesystem. With `exclusive` the
-mapping takes the image's exclusive lock when it maps and never hands it over: another client's
-write fails (EROFS, "peer will not release lock" in its log) instead of interleaving with ours.
-The lock goes with the unmap (or with the client, once Ceph blocklists a dead one).
-
-Where it applies (the mapper's `exclusive_by_default`):
-  * rbd-nbd (`--exclusive`): librbd owns the lock and still serves other clients' maintenance
-    requests through it (resize, snapshot), so ControllerExpandVolume and snapshots of an
-    in-use volume work as before.
-  * krbd: not by default. The kernel client answers such requests "not supported", and librbd
-    then asks for the lock, which an `exclusive` mapping refuses: `rbd resize` and `rbd snap create`
-    of a mapped volume fail with EROFS (seen on Linux 6.1, tests/vm/test_exclusive_map.py), which
-    would break online expansion and snapshots of in-use volumes. StorageClasses that prefer the
-    guarantee set `mapOptions: "krbd:exclusive"`.
-  * fuse: rbd-fuse has no such option; it opens the image as any librbd client, so writes of the
-    two clients take turns with the lock (no corruption of RBD's own metadata, but of the filesystem).
-Only images with the exclusive-lock feature have a lock to take (`imageFeatures` must list
-exclusive-lock; the default, layering, has none), so the image's features are read first and
-an image without the feature is mapped as before. A `mapOptions` list that names `exclusive`
-itself is the user's choice and passed as written.
+Added by default for read-write maps of images with the exclusive-lock feature where the
+mapper's `exclusive_by_default` says so (rbd-nbd yes, krbd and fuse no); a user's own
+`exclusive` in mapOptions is passed as written. Why per mapper: docs/design/node.md.
 """
 from __future__ import annotations
 

@@ -1,38 +1,9 @@
 """fuse: the userspace mapper — rbd-fuse exposes the image as a file, a loop device makes that
-file a block device. For nodes with neither the rbd nor the nbd kernel module; slower than
-krbd (every I/O crosses FUSE and librbd in a daemon).
+file a block device. For nodes with neither the rbd nor the nbd kernel module.
 
-Per mapping there is a private work directory, 0700, under --state-dir:
-
-    <state-dir>/fuse/<hash of volume id + staging path>/
-        ceph.conf        minimal: mon host, key file, no admin socket, log file, mount timeout
-        cephcsi-key-*    the key, only while rbd-fuse connects; removed right after
-        mnt/             rbd-fuse mount point; the image appears as mnt/<image>
-        rbd-fuse.log     rbd-fuse's Ceph log
-
-DANGER: mnt/<image> IS the image. rbd-fuse implements unlink as rbd_remove, so deleting that
-file deletes the volume in Ceph. Hence the work directories live under --state-dir, never
-under staging or target paths (which the kubelet, csi-sanity or tests may RemoveAll), and this
-module removes only files it names (ceph.conf, key files, the log) and empty directories
-(rmdir) — never a recursive delete.
-
-Restarts: rbd-fuse daemonizes (setsid), so on a host it outlives a restart or SIGKILL of the
-plugin, and so do the loop device and the mounts on it; unstage after the restart finds all of
-it through the stage record, /proc/self/mountinfo and the loop devices' backing files in sysfs
-(what `losetup -j` reads). In a container, rbd-fuse belongs to the container's PID namespace
-and dies with the container: the loop device then fails every I/O (the filesystem on it
-reports errors, NodeGetVolumeStats reports the volume abnormal) until the volume is unstaged
-and staged again; unstage still releases the loop device and the dead FUSE mount. The loop's
-backing file then no longer reads as a path under the work dir (the FUSE mount lived in the
-dead container's mount namespace; the kernel shows `/<image>`), so the stage record keeps the
-loop device with its disk sequence number (which changes on every attach and detach) and what
-LOOP_GET_STATUS64 gave at stage time (LoopBacking), and unmap detaches it when the kernel still
-reports exactly those. (A restage in that state refuses while the volume is still mounted from
-the dead loop, rather than mapping a second one.) The daemon is re-parented to the namespace's
-init, which must reap it; the plugin does not become a child subreaper (that would make it reap
-processes the subprocess module waits for).
-Loop allocation needs no lock of ours: `losetup --find` retries when another caller takes the
-free device first (checked with 14 concurrent attaches).
+DANGER: `<state-dir>/fuse/<hash>/mnt/<image>` IS the image (unlink = rbd_remove): work
+directories live only under --state-dir and are never removed recursively. Restart behaviour,
+the loop's recorded identity and the error `TABLE`: docs/design/node.md, "fuse".
 """
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
 """Keep the fuse mapper's loop devices as large as their images, as krbd and rbd-nbd devices are.
 
-krbd and rbd-nbd devices follow an `rbd resize` by themselves (both watch the image header), so
-a Block volume grown by ControllerExpandVolume needs no node step and the CO makes none
-(`node_expansion_required` is false for Block). The fuse mapper has two layers: rbd-fuse
-reports the image's new size as its file's size at once, but a loop device keeps the size it
-was attached with until LOOP_SET_CAPACITY. Without this follower a Block volume staged through
-rbd-fuse would never show its new size in the pod.
-
-One daemon thread sweeps the loop devices backed by files under the fuse work root every few
-seconds (sysfs reads and one stat per device; no Ceph traffic: rbd-fuse answers the stat from
-its open image) and sets the capacity of those whose file grew. Filesystem volumes pass through
-it too; NodeExpandVolume does the same step before growing the filesystem, and whichever comes
-first wins (setting the capacity again changes nothing).
+One daemon thread sets the capacity of loop devices under the fuse work root whose backing file
+grew (sysfs and stat only, no Ceph traffic); idempotent with NodeExpandVolume's same step.
+docs/design/node.md, "Loop devices that follow their image".
 """
 from __future__ import annotations
 

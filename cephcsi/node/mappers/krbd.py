@@ -1,13 +1,8 @@
 """krbd: the kernel RBD client (`rbd device map --device-type krbd`), the production default.
 
-The kernel keeps the mapping; it survives restarts of the plugin and of its container. The
-`noudev` option (rbd CLI, Octopus+) is added when udev is not running on the node: without it
-`rbd map` waits for udev events that never come (a known cause of hung maps, ceph-csi #507);
-with it the CLI waits for the device node itself.
-
-Read affinity (config.json `readAffinity`): `read_from_replica=localize` and the node's
-`crush_location` come after `noudev` and before the StorageClass's mapOptions, and are left
-out entirely when those set either key themselves (mappers/read_affinity.py).
+The mapping lives in the kernel and survives plugin restarts. Options: `noudev` when udev is
+not running, then read affinity (mappers/read_affinity.py), then the StorageClass's mapOptions.
+docs/design/node.md, "krbd".
 """
 from __future__ import annotations
 

@@ -1,37 +1,9 @@
 """rbd-nbd: librbd in a userspace daemon behind the kernel nbd driver (`mounter: rbd-nbd`).
 
-Mapped with `rbd device map --device-type nbd`, which starts one rbd-nbd daemon per image.
-Limits: the daemon lives in the plugin's container and dies when the container restarts. A
-netlink-bound device (below) waits for a new daemon, and the restarted plugin re-attaches one
-(cephcsi.node.nbd_healer, from the record nbd_attachments.py keeps); an ioctl-bound device fails
-its I/O from then on. So rbd-nbd suits nodes without krbd rather than being a default.
-
-How the device is bound to the kernel — ioctl or netlink — depends on the rbd-nbd release:
-  * ioctl: the daemon holds the device with NBD_DO_IT and sets its size with NBD_SET_SIZE, also
-    later: when the image grows, rbd-nbd sees the header change and the device follows within
-    a fraction of a second, so NodeExpandVolume grows a mounted filesystem online. If the
-    daemon dies, the kernel drops the device; it cannot be re-attached.
-  * netlink (the kernel's nbd netlink interface, with a cookie in /sys/block/nbdX/backend): the
-    kernel keeps the device for `reattach-timeout` seconds after the daemon dies, so a new
-    daemon can re-attach (`rbd device attach`), which the ioctl interface cannot do. A grown
-    image reaches the device through a netlink reconfigure, which the kernel applies (5.3+);
-    rbd-nbd 16.2 (Pacific) fails to send it (seen on Linux 6.1: "resize detected", the device
-    keeps its old size), newer rbd-nbd does it (the image's Tentacle 20.2 on 6.1, tests/e2e
-    test_vm_node).
-rbd-nbd 16.2 binds with ioctl unless asked `try-netlink` (the default here, so that it grows
-online; `mapOptions: "nbd:try-netlink"` chooses re-attach instead); newer rbd-nbd binds with
-netlink always (the option is accepted and ignored), so with the image's client a volume both
-grows online and survives a plugin restart. Where a netlink-bound device does not take the new
-size, NodeExpandVolume answers FAILED_PRECONDITION saying so (`resize_blocked`), and the
-volume comes up at its new size when it is staged again.
-`reattach-timeout=300` is a default: it only matters with try-netlink, where it is how long the
-kernel waits for a re-attaching daemon (the restarted plugin must come back within it). User
-mapOptions with the same key replace a default. Read-write maps of images with exclusive-lock
-add `exclusive` (mappers/exclusive.py).
-
-config.json's readAffinity is not applied here, as in ceph-csi (it adds its read-affinity
-options to krbd maps only); librbd's own `rbd_read_from_replica_policy` and `crush_location`
-settings are the way for rbd-nbd, outside this driver.
+One daemon per image, in the plugin's container. Netlink-bound devices survive a plugin
+restart (re-attached by cephcsi.node.nbd_healer); a device that cannot take a new size makes
+NodeExpandVolume FAILED_PRECONDITION (`resize_blocked`). Defaults: `reattach-timeout=300`,
+`exclusive` where it applies; no read affinity. ioctl vs netlink by release: docs/design/node.md.
 """
 from __future__ import annotations
 

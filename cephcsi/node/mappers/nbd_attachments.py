@@ -1,21 +1,8 @@
 """What the node plugin needs to re-attach an rbd-nbd device after it restarted, kept on tmpfs.
 
-An rbd-nbd mapping is a daemon in the plugin's container; a container restart kills it. When the
-device was bound through the kernel's nbd netlink interface (mapOptions `nbd:try-netlink`), the
-kernel keeps /dev/nbdX and queues its I/O for `reattach-timeout` seconds, so the restarted plugin
-can start a new daemon on the same device (`rbd device attach`) and the filesystem on it never
-notices (cephcsi.node.nbd_healer). That new daemon needs what the first one had: the image, the
-monitors, the map options and a cephx key. The stage record has no key (the CO passes secrets
-only with the call), so this record, one per netlink-bound device, carries it:
-
-    <runtime-dir>/nbd/<sha256(volume id)[:16]>.json    0600, in a 0700 directory
-
-It is written right after the map (only for netlink-bound devices: an ioctl-bound device dies with
-its daemon and cannot be re-attached, so no key is kept for it) and removed by the unmap. The key
-stays on the node, readable by root only, for as long as the volume is mapped there: the price of
-re-attaching without the CO, which sends secrets only with NodeStageVolume (ceph-csi instead lets
-its node plugin read Secrets through the API). --runtime-dir is the host's /run (tmpfs), so the key
-never reaches a disk and the records end with a reboot, as the devices they describe do.
+One record per netlink-bound device, `<runtime-dir>/nbd/<sha256(volume id)[:16]>.json` (0600,
+in a 0700 directory), holding image, monitors, map options and the cephx key; written right
+after the map, removed by the unmap. Why a key is kept: docs/design/node.md, "Re-attaching".
 """
 from __future__ import annotations
 

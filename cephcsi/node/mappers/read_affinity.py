@@ -1,19 +1,8 @@
 """Read affinity for krbd: the node's CRUSH location from its labels, and the map options.
 
-The kernel client reads from the replica nearest to the node when mapped with
-`read_from_replica=localize,crush_location=<type>:<value>|<type>:<value>` (rbd(8), krbd
-options). The location comes from the Node labels named in config.json's
-`readAffinity.crushLocationLabels`, the way ceph-csi derives it:
-  * the CRUSH bucket type is the label key without its prefix (`topology.kubernetes.io/zone`
-    → `zone`, `topology.rook.io/rack` → `rack`), and `hostname` becomes `host`, the type
-    Ceph names hosts with while Kubernetes says `kubernetes.io/hostname`;
-  * the value is the label's value with every `.` turned into `-` (an FQDN hostname is not
-    how the CRUSH map names the host bucket).
-Unlike ceph-csi, whose Go map makes the order random, the types follow the configured label
-order, and the first label giving a type wins; labels the node lacks are skipped, and a node
-with none of them is mapped without read affinity.
-
-Only krbd gets these options, as in ceph-csi: rbd-nbd and fuse map without them.
+`read_from_replica=localize,crush_location=<type>:<value>|…` from config.json's
+`readAffinity.crushLocationLabels`, in the configured label order; left out when the
+StorageClass's mapOptions set either key. Only krbd gets them. docs/design/node.md.
 """
 from __future__ import annotations
 

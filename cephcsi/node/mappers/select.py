@@ -1,21 +1,8 @@
 """Which mapper maps a volume.
 
-`--mounter=auto` (the default) picks the best mapper this node supports, once, and logs why:
-  1. krbd    if /sys/bus/rbd exists or `modprobe rbd` succeeds (kernel client: fastest, and
-             the mapping survives plugin restarts);
-  2. rbd-nbd if the nbd driver is there (/sys/module/nbd, /dev/nbd0, or `modprobe nbd`) and
-             rbd-nbd is installed;
-  3. fuse    if /dev/fuse, rbd-fuse, losetup and /dev/loop-control are there.
-A node with none of them cannot map RBD images; the error says what to install.
-A `mounter` in the volume context (StorageClass parameter) overrides the node default; then
-a mapper the node lacks is an error, not a silent fallback — the StorageClass asked for it.
-
-The choice is made visible because it decides what a plugin restart does to mounted volumes
-(krbd mappings live in the kernel and survive; rbd-nbd and rbd-fuse mappings are processes in
-the plugin's container and end with it): `resolve_at_start` makes it at start-up, logs it with
-the reason (a WARNING for the userspace mappers) and sets the gauge
-`cephcsi_node_mapper_info{mapper, selection} 1`. No Node annotation or Event: either would
-need write access to the API that the node plugin's least-privilege RBAC does not grant.
+`--mounter=auto` picks krbd, else rbd-nbd, else fuse, once at start (`resolve_at_start`: logged
+with its reason, gauge `cephcsi_node_mapper_info`); a `mounter` in the volume context overrides
+it, and a mapper the node lacks is then an error. docs/design/node.md, "Choosing one".
 """
 from __future__ import annotations
 

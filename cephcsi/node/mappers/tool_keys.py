@@ -1,13 +1,8 @@
 """Whether this node's Ceph tools can read a key, asked before they are given it.
 
-`rbd device map` and `rbd-fuse` print a key they cannot decode on stderr and into their log
-(`auth: failed to decode key '<key>'`), then fail as if the key were wrong: what a Pacific or Reef
-client does with a Tentacle cluster's aes256k key (see cephcsi.ceph.cephx_keys). So a mapper asks
-`check` first, which refuses such a key with an error naming the cipher, the tools' Ceph version
-and the ways out. An aes key needs no question (every Ceph client reads aes); for an aes256k key
-the tools are asked once per mapper: `rbd --version`, and whether their config schema knows
-cephx_keys.AES256K_MARKER_OPTION (which came with aes256k support). `rbd` stands for rbd-fuse
-too: both come from the same Ceph build (ceph-common and rbd-fuse of one release).
+`check` refuses an aes256k key the local `rbd`/`rbd-fuse` cannot decode (they would print it),
+naming the cipher, the tools' version and the ways out; asked once per mapper.
+docs/design/node.md, "Can the tools read the key?".
 """
 from __future__ import annotations
 
