@@ -1,28 +1,9 @@
 """CreateVolume with a content source: restore from a snapshot, or clone a volume.
 
-Both make the new image a clone v2, so they take about as long as an empty create plus one
-snapshot (no data is copied on the request path):
-
-- from a snapshot: clone `csi-snap-<uuid>@csi-snap-<uuid>` (the snapshot image's restore point);
-- from a volume: under the source volume's lease, cut a temporary snapshot
-  `cephcsi-tmp-<new uuid>` on it, clone it, remove it (it moves to the trash namespace and
-  lives as long as the clone reads through it).
-
-Steps after the volume's journal record (which names the source, so a repeat with another
-source is ALREADY_EXISTS): clone → grow to the requested size → image id → flatten policy. A
-retry after a crash anywhere, including inside librbd's clone, finds a finished clone and
-continues, or finds clone debris (no parent link) and removes it first.
-
-An encrypted clone of a volume is cut under the source's rotation lock (held by the caller from
-before `ensure` to the key copy). A retry that finds an earlier attempt's finished clone without
-its passphrase cannot trust that cut when the copy would read the source's *current* passphrase
-(a KMS that keeps passphrases itself, such as vault/vaulttokens, or a source under ceph-csi's
-older `.`-key, which librbd's clone does not carry): the earlier attempt's lock lapsed when it
-died, and a rotation since then would give the clone a header its copied passphrase does not
-open. Such a clone was never answered (the key copy comes before the answer), so it holds no
-data of its own: it is removed and cut again under this call's lock, which makes the source's
-current passphrase the cut's again. For the same reason an earlier attempt's temporary snapshot
-on an encrypted source is never reused.
+Both make a clone v2 (no data copied on the request path): of the snapshot image's restore
+point, or of a temporary `cephcsi-tmp-<uuid>` snapshot cut under the source's lease. Steps:
+clone → grow → image id → flatten policy; a retry finishes a clone or removes its debris.
+Encrypted clones of a volume are cut under the rotation lock. docs/design/controller.md.
 """
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
 """ControllerModifyVolume (a VolumeAttributesClass change) and the QoS steps of CreateVolume and
 ControllerExpandVolume.
 
-Validate everything, then change: the parameters are parsed in full (cephcsi.volumes.qos)
-before any Ceph call, so a class with one bad key changes nothing at all.
-
-Crash safety and idempotency: the wanted image metadata is a function of the policy and the
-image's size alone, and only keys that differ are written. A call killed between two key
-writes leaves some keys old and some new; its retry (the resizer retries until it succeeds)
-finds the difference and writes the rest. Nothing is journaled because nothing else depends
-on the half-written state: an expansion meanwhile recomputes from whatever policy is stored,
-and the retry of the modify then overwrites it.
-
-Exclusion: the volume's in-process lock, as the other calls that change one volume take it
-(a concurrent expand, delete or second modify of the same volume answers ABORTED). A delete
-from another controller process meanwhile makes the write find no image: NOT_FOUND.
+Validates the whole class before any Ceph call, writes only the metadata keys that differ
+(a retry finishes a killed call; nothing is journaled), under the volume's in-process lock
+(ABORTED when busy). Why: docs/design/controller.md, "volumes/modify.py".
 """
 from __future__ import annotations
 

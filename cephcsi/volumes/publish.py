@@ -1,33 +1,10 @@
 """ControllerPublish/Unpublish records and fencing, in ceph-csi's image-metadata keys.
 
-Which node holds a volume is recorded on the image itself, in the keys ceph-csi (>= 3.15)
-uses, so a volume published by either driver is understood by the other:
-
-- `.rbd.csi.ceph.com/clientaddress/<volume id>/<node id>` → the node's Ceph client address
-  (its IP), or '' until the node reported it (ceph-csi's node plugin writes it at NodeStage);
-- `.rbd.csi.ceph.com/userid/<volume id>/<node id>` → the cephx user the volume was published with;
-- the node's address when the key holds none: what cephcsi's node plugin reported in the pool's
-  `cephcsi.node-addresses` omap (cephcsi.node.client_address);
-- read too: `.rbd.csi.ceph.com/clientAddress/<node id>`, the form of ceph-csi's first 3.15
-  builds (no volume id: a clone copies its parent's metadata, so those keys may be inherited).
-
-The volume id in the key keeps a clone's copy of its parent's keys from naming a holder of the
-clone. The key's presence is the record ("published to that node"); a second read-write
-publish of a single-node volume to another node is refused while one exists.
-
-Fencing (unpublish of a node Kubernetes marked `node.kubernetes.io/out-of-service`): each
-address known for that node — the recorded one, and the image's current watchers when no other
-node holds the volume — is written to the pool's fence ledger (`csi.fenced` omap:
-`<node id>/<address>` → volume id) and then blocklisted with an expiry, and only then are the
-node's keys removed; the caller releases the attachment after that. A crash between any two
-steps leaves a state the retry finishes (the ledger entry and blocklist add are idempotent).
-`unfence` reverses it from the ledger when the node is back.
-
-Concurrency: calls on one volume are serialised in this process (ABORTED for the second). Across
-processes (two replicas during a leader hand-over, a stale leader) a publish's check and write
-are one guarded RADOS operation on the header (`Publisher._record`), so two publishes of a
-single-node volume to two nodes never both succeed. Unpublish only removes a node's keys and
-needs no guard: removing a holder cannot make two.
+A node holds a volume while `.rbd.csi.ceph.com/clientaddress|userid/<volume id>/<node id>` is on
+the image; a second read-write holder of a single-node volume is refused, by one guarded RADOS
+op across processes. Unpublish from an out-of-service node records each address in the pool's
+`csi.fenced` ledger and blocklists it before the keys go; `unfence` reverses it.
+Keys, steps and crash windows: docs/design/controller.md, "volumes/publish.py".
 """
 from __future__ import annotations
 

@@ -2,25 +2,8 @@
 before anything is touched, scaled with the volume's size, and turned into the image metadata
 that holds it.
 
-A volume's QoS is six librbd limits (`rbd_qos_{iops,read_iops,write_iops,bps,read_bps,
-write_bps}_limit`, 0 = unlimited), set as image configuration overrides (image-meta
-`conf_rbd_qos_…`) which librbd clients (rbd-nbd, rbd-fuse, QEMU) apply live. The kernel client
-(krbd) ignores them: docs/qos.md.
-
-Each limit has a base value and, optionally, a per-GiB increment above `baseVolSizeBytes`,
-capped by a maximum (ceph-csi's parameter names, so its classes keep working):
-
-    limit = base                                                   size <= baseVolSizeBytes
-    limit = min(max, base + (size - baseVolSizeBytes) // GiB * perGiB)   otherwise
-
-The policy itself is stored next to the limits under ceph-csi's keys (`rbd_base_qos_…`,
-`rbd_max_qos_…`, `rbd_…_per_gib_limit`, `rbd_base_qos_vol_size`), so an expansion recomputes
-the limits from the image alone, also for volumes ceph-csi provisioned.
-
-Stricter than ceph-csi on purpose: a value that is not a whole number, a maximum or per-GiB
-value without its base, a per-GiB value without `baseVolSizeBytes`, a maximum below its base,
-or an unknown key is refused with a message naming it (ceph-csi ignored some of these and
-applied part of a class before failing on others).
+ceph-csi's parameter and metadata keys (limits as `conf_rbd_qos_…`, the policy beside them),
+stricter validation; krbd ignores the limits. Formula and rules: docs/design/controller.md.
 """
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
 """Nodes as the controller sees them through Kubernetes: which node ids exist, which are out of
 service (fence them on unpublish), and unfencing once such a node is back.
 
-Kubernetes' non-graceful node shutdown: an operator who knows a node is down (powered off, cut
-off) taints it `node.kubernetes.io/out-of-service`; the kube-controller-manager then deletes its
-pods and its VolumeAttachments without waiting for the node. ControllerUnpublishVolume of such a
-node blocklists the node's Ceph clients before the attacher releases the attachment
-(cephcsi.volumes.publish), so the node cannot write even if it wakes up. What was blocklisted is
-recorded first in the fence ledger of the volume's pool (`csi.fenced`), so a crash cannot lose it.
-
-Unfencing: once the taint is gone and the node reports Ready again (it rebooted: its old
-mappings are gone), the entries that the fence ledgers of the pools this driver's PVs use hold
-for the node are removed from the blocklist, then from the ledgers. Which nodes have entries is
-read from those ledgers when the attacher starts leading and noted whenever a node is fenced, so
-Node updates (every kubelet heartbeat) cost no Ceph round trip. The controller's role stays
-read-only on Nodes.
+Unfencing runs once the out-of-service taint is gone and the node is Ready: its fence-ledger
+entries leave the blocklist, then the ledgers. Read-only on Nodes; heartbeats cost no Ceph round
+trip. Non-graceful shutdown and the ledger: docs/design/sidecars.md.
 """
 from __future__ import annotations
 

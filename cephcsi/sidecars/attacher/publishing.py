@@ -1,32 +1,10 @@
 """external-attacher's real handler (pkg/controller/csi_handler.go), for a controller that
 advertises PUBLISH_UNPUBLISH_VOLUME.
 
-Attach (a VolumeAttachment of this driver, not being deleted, not yet attached): the
-attacher's finalizer on the VolumeAttachment, then on the PV, then ControllerPublishVolume
-(volume handle, the node's CSI node id, the PV's capability, volume attributes and secrets);
-success → status attached=true with attachmentMetadata = the publish context; failure →
-status.attachError and a retry with the per-item backoff.
-
-Detach (the VolumeAttachment being deleted, our finalizer on it): ControllerUnpublishVolume;
-success → status attached=false (markAsDetached) and then the finalizer removed, so the object
-never disappears looking attached; failure → status.detachError and a retry. The finalizer
-is what holds the attachment — and so the pod's move to another node — until the controller has
-released the node (and fenced it when it is out of service).
-
-A PV loses the attacher's finalizer once it is being deleted and no VolumeAttachment names it.
-
-Secrets: the PV's controllerPublishSecretRef as external-attacher; for PVs whose class named
-none (every PV ceph-csi's own manifests provisioned) the provisioner's secret the PV's deletion
-annotations name, then its nodeStageSecretRef: the controller needs some credentials to read and
-write the image's publish record.
-
-The finalizer is external-attacher's own (`external-attacher/<sanitised driver>`, its
-GetFinalizerName), so an attachment ceph-csi >= 3.15's csi-attacher finalized is simply this
-attacher's: attached ones are left as they are (ceph-csi's ControllerPublish wrote the same
-image-metadata record), deleted ones are unpublished and released as any other, PVs lose it on
-deletion as any other. Going back to ceph-csi is symmetric: its csi-attacher finds its own name.
-An attachment or PV carrying `attacher.cephcsi/<driver>` (the name a development build of this
-attacher used, never released) is handled as ours and moved to the right name.
+Attach: finalizers on the VolumeAttachment and PV, ControllerPublishVolume, attached=true with
+the publish context (else attachError). Detach: ControllerUnpublishVolume, attached=false, then
+the finalizer (else detachError). Finalizer name and secrets as external-attacher's, so ceph-csi
+attachments carry over: docs/design/sidecars.md, "sidecars/attacher/publishing.py".
 """
 from __future__ import annotations
 

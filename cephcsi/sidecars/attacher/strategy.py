@@ -1,13 +1,8 @@
 """How a VolumeAttachment is attached, chosen from the controller's capabilities.
 
-Without PUBLISH_UNPUBLISH_VOLUME (the rbd case: the node plugin maps the image itself) attaching
-is bookkeeping only, and external-attacher's trivial handler is the whole job: merge-patch the
-status subresource to `attached: true` (clearing attachError), add no finalizer, and treat the
-deletion of the VolumeAttachment as the completed detach. A driver that does advertise
-PUBLISH_UNPUBLISH_VOLUME needs the real handler (finalizers on the VolumeAttachment and PV,
-ControllerPublish/Unpublish, attachmentMetadata, attachError/detachError); it plugs in here as
-another `AttachStrategy`: `publishing.PublishingAttach`, which the wiring picks when the controller
-advertises the capability (`publishes`).
+Without PUBLISH_UNPUBLISH_VOLUME (the rbd case) external-attacher's trivial handler: status
+`attached: true`, no finalizer, deletion is the detach. With it, `publishing.PublishingAttach`,
+which the wiring picks when the controller advertises it (`publishes`). docs/design/sidecars.md.
 """
 from __future__ import annotations
 

@@ -1,29 +1,10 @@
 """The reclaim-space schedule loop (controller leader only).
 
-Every --reclaimspace-poll-interval it walks the claims in the informer cache (no API reads for
-that; the schedule comes from the claim, its Namespace or its StorageClass, all cached), and for
-each one whose schedule is due (cephcsi.sidecars.reclaimspace.due):
-1. sparsifies the volume's image (cephcsi.volumes.reclaim.sparsify_volume: skipped while another
-   client watches the image, as ceph-csi's ControllerReclaimSpace does), through the CSI call
-   pool, so --timeout bounds the wait and a retry joins a call still running;
-2. records the run on the claim: `reclaimspace.cephcsi.ceph.io/last-run` (when) and
-   `…/last-result` (what it did), one merge patch, and an Event.
-
-Step 2 is also the node's request: a node plugin that stages the volume trims it when the
-claim's last-run is newer than its own last trim (cephcsi.node.reclaim_loop), so one place — the
-leader — reads the schedule and every node follows the record it wrote. A failed sparsify is
-recorded too (result `error: …` and a Warning event) and retried at the next scheduled time, as
-a failed csi-addons ReclaimSpaceJob is by its CronJob; the record is what keeps a permanently
-failing volume from being retried every poll. A leader killed between 1 and 2 repeats step 1
-under the next leader: sparsify of an already sparse image changes nothing.
-
-Volumes are handled one at a time: sparsify reads every allocated object of an image, and a
-schedule like @daily on every claim must not turn into all images read at once.
-
-A record that cannot be written (the patch failed: the API unreachable, the claim changed) is
-kept in memory and written again on later passes before anything else is done for that claim;
-the claim is not sparsified again meanwhile, and the claims after it in the pass still run. A
-new leader has no such memory: it repeats that one sparsify, as after a kill between 1 and 2.
+Every --reclaimspace-poll-interval, for each cached claim whose schedule is due: sparsify its
+image through the CSI call pool, then record `reclaimspace.cephcsi.ceph.io/last-run` and
+`…/last-result` on the claim (one merge patch) with an Event; nodes trim from that record.
+One volume at a time; an unwritten record is retried before that claim is sparsified again.
+Why: docs/design/sidecars.md, "sidecars/reclaimspace/controller.py".
 """
 from __future__ import annotations
 

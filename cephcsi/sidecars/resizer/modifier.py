@@ -1,21 +1,9 @@
 """The modify worker: one claim key at a time, external-resizer v2's VolumeAttributesClass steps.
 
-    1. Decide (modify_status.decide) from the cached claim; a PV of another driver is skipped.
-    2. The class (a GET by name): missing → Pending (retried with backoff); of
-       another driver → Infeasible.
-    3. InProgress + ModifyingVolume, guarded by the claim's resourceVersion; a VolumeModify event.
-    4. ControllerModifyVolume in-process with the class's parameters and the Secret the PV's
-       `volume.kubernetes.io/controller-modify-secret-*` annotations name (the provisioner writes
-       them from the StorageClass's `csi.storage.k8s.io/controller-modify-secret-*`), else the
-       PV's controllerExpandSecretRef.
-    5. Done: the PV's spec.volumeAttributesClassName, then the claim's current class, status
-       and conditions cleared; VolumeModifySuccessful.
-
-A crash or leader change after step 3 leaves InProgress with the target in the claim: the next
-attempt (any leader) calls ControllerModifyVolume again with that class, which is idempotent,
-and completes steps 4-5. INVALID_ARGUMENT is Infeasible (retried only slowly or when the spec
-changes); other final errors keep InProgress with ModifyVolumeError; errors that may have
-half-applied the class make this process finish that class before following a newer spec.
+Decide → read the class → InProgress (resourceVersion-guarded) → ControllerModifyVolume with
+the class's parameters and the controller-modify (else controller-expand) secret → the PV's and
+the claim's class recorded. Idempotent across crashes and leader changes; INVALID_ARGUMENT is
+Infeasible. Steps and error handling: docs/design/sidecars.md, "sidecars/resizer/modifier.py".
 """
 from __future__ import annotations
 
