@@ -17,6 +17,7 @@ from kubernetes import client as k8s
 from cephcsi._generated import csi_pb2
 from cephcsi.cli.kms_secrets import KubeSecretReader
 from cephcsi.csi.controller import ControllerServicer
+from cephcsi.csi.group_controller import GroupControllerServicer
 from cephcsi.csi.server import socket_path
 from cephcsi.csi.services import Services
 from cephcsi.errors import ConfigError
@@ -31,6 +32,7 @@ from cephcsi.kube.ratelimit import ItemBackoffSettings
 from cephcsi.observability.health import HealthRegistry
 from cephcsi.settings import Settings
 from cephcsi.volumes import reclaim
+from cephcsi.volumes.group_snapshots import GroupSnapshotManager
 from cephcsi.sidecars import kubeerrors
 from cephcsi.sidecars.api import KubeApi
 from cephcsi.sidecars.attacher import strategy as attach_strategy
@@ -51,6 +53,9 @@ from cephcsi.sidecars.controller import (
     lease_name,
     lease_namespace,
 )
+from cephcsi.sidecars.groupsnapshotter.api import GroupSnapshotApi
+from cephcsi.sidecars.groupsnapshotter.content import GroupSnapshotterContext
+from cephcsi.sidecars.groupsnapshotter.controller import GroupSnapshotterLoop
 from cephcsi.sidecars.provisioner.context import ProvisionerContext, provisioner_identity
 from cephcsi.sidecars.provisioner.controller import ProvisionerLoop
 from cephcsi.sidecars.provisioner.pvspec import PVOptions
@@ -134,6 +139,7 @@ def build_controller_loops(settings: Settings, services: Services, health: Healt
         attacher=_attacher(parts) if "attacher" in chosen else None,
         resizer=_resizer(parts) if "resizer" in chosen else None,
         snapshotter=_snapshotter(parts) if "snapshotter" in chosen else None,
+        groupsnapshotter=_groupsnapshotter(parts) if "snapshotter" in chosen else None,
         capacity=_capacity(parts) if "provisioner" in chosen and sidecar.capacity.enabled else None,
         reclaimspace=_reclaimspace(parts) if "provisioner" in chosen and sidecar.reclaimspace_poll_interval > 0
         else None,
@@ -325,3 +331,29 @@ def _snapshotter(parts: _Parts) -> SnapshotterLoop:
     )
     return SnapshotterLoop(ctx, workers=min(parts.settings.sidecars.worker_threads, SNAPSHOTTER_WORKERS),
                            backoff=parts.backoff)
+
+
+def _groupsnapshotter(parts: _Parts) -> GroupSnapshotterLoop:
+    """VolumeGroupSnapshotContents through a GroupController servicer of its own over the
+    controller's snapshot manager: the same journals, leases and Ceph connections as the one
+    served on the socket (its in-process name locks are its own, so a gRPC caller racing the
+    loop on one name meets the journal lease, as another process would)."""
+    snapshots = parts.controller.snapshots
+    if snapshots is None:
+        raise ConfigError("the group snapshotter needs the controller's snapshot manager")
+    groups = GroupControllerServicer(GroupSnapshotManager(snapshots), parts.settings.driver_name,
+                                     parts.settings.slow_call_seconds)
+    api = GroupSnapshotApi(parts.api_client)
+    ctx = GroupSnapshotterContext(
+        driver_name=parts.settings.driver_name,
+        contents=Informer(api.list_contents, name="volumegroupsnapshotcontents"),
+        snapshots=api,
+        api=parts.api,
+        events=parts.clients.events,
+        controller=parts.controller,
+        calls=parts.clients.calls,
+        extra_create_metadata=parts.settings.sidecars.extra_create_metadata,
+        groups=groups,
+    )
+    return GroupSnapshotterLoop(ctx, workers=min(parts.settings.sidecars.worker_threads, SNAPSHOTTER_WORKERS),
+                                backoff=parts.backoff)

@@ -93,6 +93,8 @@ class Loops:
     attacher: LeaderLoop | None = None
     resizer: LeaderLoop | None = None
     snapshotter: ClosingLoop | None = None
+    groupsnapshotter: ClosingLoop | None = None
+    """VolumeGroupSnapshotContents (cephcsi.sidecars.groupsnapshotter), with the snapshotter."""
     capacity: LeaderLoop | None = None
     """The provisioner's capacity tracking (--enable-capacity)."""
     reclaimspace: LeaderLoop | None = None
@@ -101,6 +103,7 @@ class Loops:
     def present(self) -> list[LeaderLoop]:
         """The loops present, in start order (stop order is the same: they are independent)."""
         chosen: list[LeaderLoop | None] = [self.provisioner, self.attacher, self.resizer, self.snapshotter,
+                                           self.groupsnapshotter,
                                            self.capacity, self.reclaimspace]
         return [loop for loop in chosen if loop is not None]
 
@@ -174,8 +177,9 @@ class ControllerLoops:
             if self._unconditional is not None:
                 self._unconditional.join(self.shutdown_grace)
         self.clients.events.stop(timeout=2.0)
-        if self.loops.snapshotter is not None:
-            self.loops.snapshotter.close()
+        for closing in (self.loops.snapshotter, self.loops.groupsnapshotter):
+            if closing is not None:
+                closing.close()
         self.factory.stop(timeout=5.0)
         self.calls.shutdown()
         self.clients.api_client.close()

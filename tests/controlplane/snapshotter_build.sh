@@ -15,7 +15,8 @@ OUT="$CACHE_ROOT/snapshotter/$SNAPSHOTTER_VERSION"
 MAIN=github.com/kubernetes-csi/external-snapshotter/v8
 CLIENT=github.com/kubernetes-csi/external-snapshotter/client/v8
 
-done_already() { [[ -x "$OUT/bin/snapshot-controller" && -f "$OUT/crd/snapshot.storage.k8s.io_volumesnapshotcontents.yaml" ]]; }
+done_already() { [[ -x "$OUT/bin/snapshot-controller" && -f "$OUT/crd/snapshot.storage.k8s.io_volumesnapshotcontents.yaml"
+                   && -f "$OUT/crd/groupsnapshot.storage.k8s.io_volumegroupsnapshotcontents.yaml" ]]; }
 if done_already; then echo "$OUT"; exit 0; fi
 mkdir -p "$OUT"
 exec 9>"$OUT/.lock"
@@ -24,11 +25,15 @@ if done_already; then echo "$OUT"; exit 0; fi
 
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0 GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
 dir_of() { go mod download -json "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])'; }
-main_dir=$(dir_of "$MAIN@$SNAPSHOTTER_VERSION")
 client_dir=$(dir_of "$CLIENT@$SNAPSHOTTER_VERSION")
 
 mkdir -p "$OUT/crd" "$OUT/bin"
-cp "$client_dir"/config/crd/snapshot.storage.k8s.io_*.yaml "$OUT/crd/"
+# The VolumeSnapshot CRDs and the VolumeGroupSnapshot ones (groupsnapshot.storage.k8s.io, GA
+# in v8.6; the snapshot-controller serves group snapshots when they exist at its start).
+cp "$client_dir"/config/crd/snapshot.storage.k8s.io_*.yaml "$client_dir"/config/crd/groupsnapshot.storage.k8s.io_*.yaml "$OUT/crd/"
+# A cache built before the group CRDs were copied keeps its binary.
+if done_already; then echo "$OUT"; exit 0; fi
+main_dir=$(dir_of "$MAIN@$SNAPSHOTTER_VERSION")
 work="$OUT/src"
 rm -rf "$work"
 cp -r "$main_dir" "$work"

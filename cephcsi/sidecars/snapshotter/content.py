@@ -36,6 +36,9 @@ SECRET_NAME, SECRET_NAMESPACE = RESERVED + "snapshotter-secret-name", RESERVED +
 LIST_SECRET_NAME, LIST_SECRET_NAMESPACE = RESERVED + "snapshotter-list-secret-name", RESERVED + "snapshotter-list-secret-namespace"
 META_NAME, META_NAMESPACE = RESERVED + "volumesnapshot/name", RESERVED + "volumesnapshot/namespace"
 META_CONTENT = RESERVED + "volumesnapshotcontent/name"
+# The snapshot-controller's mark on the VolumeSnapshotContents it makes for the members of a
+# VolumeGroupSnapshot: their snapshot was cut by CreateVolumeGroupSnapshot and goes with it.
+GROUP_HANDLE_ANNOTATION = "groupsnapshot.storage.k8s.io/volumeGroupSnapshotHandle"
 # csi-snapshotter's isCSIFinalError: everything else means "retrying cannot help".
 NOT_FINAL = {grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
              grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED}
@@ -62,7 +65,7 @@ def ours(content: Mapping[str, Any], driver_name: str) -> bool:
     return objects.spec(content).get("driver") == driver_name
 
 
-def only_own_bookkeeping(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+def only_own_bookkeeping(old: Mapping[str, Any], new: Mapping[str, Any], being_created: str = BEING_CREATED) -> bool:
     """Whether an update changed nothing but what the worker itself writes around a failed
     attempt: the being-created annotation (set before each CreateSnapshot, dropped after a final
     error) and status.error. Such an event must not re-queue the content: the queue's `add`
@@ -70,13 +73,20 @@ def only_own_bookkeeping(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool
     a second) instead of after the item's backoff."""
     def significant(content: Mapping[str, Any]) -> tuple[Any, ...]:
         meta = dict(objects.meta(content))
-        annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != BEING_CREATED}
+        annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != being_created}
         for key in ("resourceVersion", "managedFields", "annotations", "generation"):
             meta.pop(key, None)
         status = {k: v for k, v in (content.get("status") or {}).items() if k != "error"}
         rest = {k: v for k, v in content.items() if k not in ("metadata", "status")}
         return (meta, annotations, status, rest)
     return significant(old) == significant(new)
+
+
+def group_member(content: Mapping[str, Any]) -> bool:
+    """csi-snapshotter's test for a member of a group snapshot: never CreateSnapshot (the group
+    cut it) and never DeleteSnapshot (DeleteVolumeGroupSnapshot removes it)."""
+    return (GROUP_HANDLE_ANNOTATION in objects.annotations_of(content)
+            or bool((content.get("status") or {}).get("volumeGroupSnapshotHandle")))
 
 
 def should_delete(content: Mapping[str, Any]) -> bool:
@@ -129,6 +139,15 @@ def error_status(message: str, now: Callable[[], datetime.datetime] = lambda: da
 
 
 class ContentWorker:
+    """Also the base of the group snapshotter's worker (`cephcsi.sidecars.groupsnapshotter.content`),
+    which shares the bookkeeping below under its own annotation and finalizer names."""
+
+    being_created = BEING_CREATED
+    bound_finalizer = BOUND_FINALIZER
+    deletion_secret = (DELETION_SECRET_NAME, DELETION_SECRET_NAMESPACE)
+    class_field = "volumeSnapshotClassName"
+    class_kind, class_resource = "VolumeSnapshotClass", "volumesnapshotclass.snapshot.storage.k8s.io"
+
     def __init__(self, ctx: SnapshotterContext, stop: threading.Event) -> None:
         self.ctx = ctx
         self.stop = stop
@@ -146,7 +165,13 @@ class ContentWorker:
             if status.get("readyToUse"):
                 return
             source = objects.spec(content).get("source") or {}
-            if source.get("volumeHandle"):
+            if group_member(content):
+                # The snapshot-controller writes the member's status from its group's; until
+                # then there is nothing to ask. Readiness comes as for a pre-provisioned one,
+                # with the group's secret (the deletion-secret annotations: a member has no class).
+                if status.get("snapshotHandle"):
+                    self.import_existing(content, str(status["snapshotHandle"]))
+            elif source.get("volumeHandle"):
                 self.create(content)
             elif source.get("snapshotHandle"):
                 self.import_existing(content, str(source["snapshotHandle"]))
@@ -206,7 +231,7 @@ class ContentWorker:
         name = objects.name(content)
         spec = objects.spec(content)
         handle = str((content.get("status") or {}).get("snapshotHandle") or (spec.get("source") or {}).get("snapshotHandle") or "")
-        if spec.get("deletionPolicy") == "Delete" and handle:
+        if spec.get("deletionPolicy") == "Delete" and handle and not group_member(content):
             try:
                 secret_values = self._deletion_secrets(content)
                 request = csi_pb2.DeleteSnapshotRequest(snapshot_id=handle, secrets=secret_values)
@@ -222,9 +247,9 @@ class ContentWorker:
         self._remove_finalizer(content)
 
     def _remove_finalizer(self, content: KubeObject) -> None:
-        if not objects.has_finalizer(content, BOUND_FINALIZER):
+        if not objects.has_finalizer(content, self.bound_finalizer):
             return
-        remaining = [f for f in objects.finalizers(content) if f != BOUND_FINALIZER]
+        remaining = [f for f in objects.finalizers(content) if f != self.bound_finalizer]
         # A JSON merge patch replaces the whole list; the resourceVersion makes a concurrent
         # change of the list a conflict (retried with the fresh object) instead of a lost finalizer.
         rv = objects.meta(content).get("resourceVersion")
@@ -233,16 +258,17 @@ class ContentWorker:
     # ---- helpers -----------------------------------------------------------------------------
 
     def _class_parameters(self, content: KubeObject, required: bool = True) -> dict[str, str]:
-        class_name = str(objects.spec(content).get("volumeSnapshotClassName") or "")
+        kind = self.class_kind
+        class_name = str(objects.spec(content).get(self.class_field) or "")
         if not class_name:
             if required:
-                raise InvalidArgument("spec.volumeSnapshotClassName is empty; a dynamic snapshot needs a VolumeSnapshotClass")
+                raise InvalidArgument(f"spec.{self.class_field} is empty; a dynamic snapshot needs a {kind}")
             return {}
         found = self.ctx.snapshots.get_class(class_name)
         if found is None:
-            raise InvalidArgument(f'volumesnapshotclass.snapshot.storage.k8s.io "{class_name}" not found')
+            raise InvalidArgument(f'{self.class_resource} "{class_name}" not found')
         if found.get("driver") != self.ctx.driver_name:
-            raise InvalidArgument(f"VolumeSnapshotClass {class_name} is for driver {found.get('driver')!r}, not {self.ctx.driver_name!r}")
+            raise InvalidArgument(f"{kind} {class_name} is for driver {found.get('driver')!r}, not {self.ctx.driver_name!r}")
         return {str(k): str(v) for k, v in (found.get("parameters") or {}).items()}
 
     def _secrets(self, content: KubeObject, parameters: Mapping[str, str], keys: tuple[str, str]) -> dict[str, str]:
@@ -251,11 +277,15 @@ class ContentWorker:
             return self._deletion_secrets(content)
         if not (name_template and namespace_template):
             raise InvalidArgument(f"VolumeSnapshotClass parameters {keys[0]} and {keys[1]} must be set together")
-        return self.ctx.api.read_secret(resolve_template(namespace_template, content), resolve_template(name_template, content))
+        return self.ctx.api.read_secret(self._resolve(namespace_template, content), self._resolve(name_template, content))
+
+    @staticmethod
+    def _resolve(text: str, content: Mapping[str, Any]) -> str:
+        return resolve_template(text, content)
 
     def _deletion_secrets(self, content: KubeObject) -> dict[str, str]:
         annotations = objects.annotations_of(content)
-        name, namespace = annotations.get(DELETION_SECRET_NAME, ""), annotations.get(DELETION_SECRET_NAMESPACE, "")
+        name, namespace = annotations.get(self.deletion_secret[0], ""), annotations.get(self.deletion_secret[1], "")
         return self.ctx.api.read_secret(namespace, name) if name and namespace else {}
 
     def _failed(self, content: KubeObject, reason: str, error: CephCSIError, final: bool) -> None:
@@ -272,4 +302,4 @@ class ContentWorker:
             # the backoff.
             self.ctx.snapshots.patch_content_status(name, error_status(error.message))
         if final:
-            self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {BEING_CREATED: None}}})
+            self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {self.being_created: None}}})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from cephcsi.errors import CephCSIError
 from cephcsi.kube.informer import EventHandler, HandlerRegistration
@@ -26,6 +27,17 @@ _POLL = 0.2
 
 
 class SnapshotterLoop:
+    """Also the group snapshotter's loop (`cephcsi.sidecars.groupsnapshotter.controller`), which
+    replaces the hooks below: what it is called, which contents are its own and how one is
+    handled."""
+
+    loop_name = "snapshotter"
+    group = GROUP
+    crds = "snapshot CRDs"
+    crds_hint = "kubernetes-csi/external-snapshotter client/config/crd"
+    # A cluster without the CRDs cannot take snapshots at all: a warning.
+    missing_level = logging.WARNING
+
     def __init__(self, ctx: SnapshotterContext, *, workers: int, backoff: ItemBackoffSettings,
                  resync: float = 600.0, discovery_interval: float = DISCOVERY_INTERVAL) -> None:
         self.ctx = ctx
@@ -43,7 +55,7 @@ class SnapshotterLoop:
     def start(self, stop: threading.Event) -> None:
         """Returns at once: a thread waits for the CRDs, starts the informer (once) and, when it
         has synced, the workers of this term."""
-        self._waiter = threading.Thread(target=self._start_when_synced, args=(stop,), name="snapshotter-sync",
+        self._waiter = threading.Thread(target=self._start_when_synced, args=(stop,), name=f"{self.loop_name}-sync",
                                         daemon=True)
         self._waiter.start()
 
@@ -63,33 +75,34 @@ class SnapshotterLoop:
             self._start_workers(stop)
 
     def _wait_for_crds(self, stop: threading.Event) -> bool:
-        """True once discovery serves VolumeSnapshotContents; False if the term ends first."""
+        """True once discovery serves the contents; False if the term ends first."""
         while not stop.is_set():
             if self._served:
                 return True
             try:
                 served = self.ctx.snapshots.served()
             except CephCSIError as error:
-                log.warning("cannot check whether the snapshot CRDs are installed; checking again later",
-                            extra=fields(group=GROUP, error=error.message, retry_in=self.discovery_interval))
+                log.warning(f"cannot check whether the {self.crds} are installed; checking again later",
+                            extra=fields(group=self.group, error=error.message,
+                                         retry_in=self.discovery_interval))
             else:
                 if served:
                     if self._warned:
-                        log.info("snapshot CRDs installed; snapshotter starting", extra=fields(group=GROUP))
+                        log.info(f"{self.crds} installed; {self.loop_name} starting",
+                                 extra=fields(group=self.group))
                     self._served = True
                     return True
                 if not self._warned:
                     self._warned = True
-                    log.warning("snapshot CRDs not installed; snapshotter idle until they are "
-                                "(kubernetes-csi/external-snapshotter client/config/crd)",
-                                extra=fields(group=GROUP, recheck_every=self.discovery_interval))
+                    log.log(self.missing_level, f"{self.crds} not installed; {self.loop_name} idle until they are "
+                            f"({self.crds_hint})",
+                            extra=fields(group=self.group, recheck_every=self.discovery_interval))
             stop.wait(self.discovery_interval)
         return False
 
     def _start_workers(self, stop: threading.Event) -> None:
-        queue: WorkQueue[str] = WorkQueue("snapshotter-contents", rate_limiter=ItemExponentialBackoff(self.backoff))
-        worker = ContentWorker(self.ctx, stop)
-        pool = Workers(queue, worker.process, count=self.workers, expected=kubeerrors.EXPLAINED)
+        queue: WorkQueue[str] = WorkQueue(f"{self.loop_name}-contents", rate_limiter=ItemExponentialBackoff(self.backoff))
+        pool = Workers(queue, self._worker(stop), count=self.workers, expected=kubeerrors.EXPLAINED)
         pool.start()
         driver = self.ctx.driver_name
 
@@ -99,13 +112,20 @@ class SnapshotterLoop:
 
         def updated(old: KubeObject, new: KubeObject) -> None:
             # `old is new` is a resync: always worth a pass.
-            if old is new or not only_own_bookkeeping(old, new):
+            if old is new or not self._only_own_bookkeeping(old, new):
                 changed(new)
 
         self._registration = self.ctx.contents.add_handler(EventHandler(
             on_add=changed, on_update=updated, resync_period=self.resync))
         self._pool = pool
-        log.info("snapshotter started", extra=fields(workers=self.workers, driver=driver))
+        log.info(f"{self.loop_name} started", extra=fields(workers=self.workers, driver=driver))
+
+    def _worker(self, stop: threading.Event) -> Callable[[str], None]:
+        """What one work item (a content name) runs."""
+        return ContentWorker(self.ctx, stop).process
+
+    def _only_own_bookkeeping(self, old: KubeObject, new: KubeObject) -> bool:
+        return only_own_bookkeeping(old, new)
 
     def stop(self, timeout: float) -> bool:
         """End this term's handler and workers (the informer keeps running for the next)."""
@@ -123,7 +143,7 @@ class SnapshotterLoop:
             return True
         pool.queue.shut_down()
         stopped = pool.stop(timeout=timeout)
-        log.info("snapshotter stopped", extra=fields(clean=stopped))
+        log.info(f"{self.loop_name} stopped", extra=fields(clean=stopped))
         return stopped
 
     def close(self, timeout: float = 5.0) -> None:

@@ -217,6 +217,10 @@ CONTROLLER_MUST = [
     *_each("patch", "snapshot.storage.k8s.io", "volumesnapshotcontents", "snapshotter status", sub="status"),
     *_each("get", "snapshot.storage.k8s.io", "volumesnapshotclasses", "snapshotter parameters and secrets"),
     *_each("get", "snapshot.storage.k8s.io", "volumesnapshots", "provisioner restores", namespace="default"),
+    *_each("get list watch patch", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "group snapshotter"),
+    *_each("patch", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "group snapshotter status",
+           sub="status"),
+    *_each("get", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotclasses", "group snapshotter parameters"),
     *_each("get list watch create update delete", "storage.k8s.io", "csistoragecapacities", "capacity tracking",
            namespace=NAMESPACE),
     *_each("get", "apps", "deployments", "owner of CSIStorageCapacity objects", namespace=NAMESPACE),
@@ -245,6 +249,10 @@ CONTROLLER_MUST_NOT = [
     *_each("list watch update patch delete", "snapshot.storage.k8s.io", "volumesnapshots",
            "reads a restore's VolumeSnapshot by name only", namespace="default"),
     *_each("create delete update", "snapshot.storage.k8s.io", "volumesnapshotcontents", "the snapshot-controller owns them"),
+    *_each("create delete update", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents",
+           "the snapshot-controller owns them"),
+    *_each("get list watch create update patch delete", "groupsnapshot.storage.k8s.io", "volumegroupsnapshots",
+           "never read", namespace="default"),
 ]
 NODE_MUST = [
     *_each("get", "", "nodes", "topology labels of its own node"),
@@ -286,6 +294,9 @@ CONTROLLER_GRANTS: dict[tuple[str, str], dict[tuple[str, str], frozenset[str]]] 
         ("snapshot.storage.k8s.io", "volumesnapshotcontents/status"): frozenset({"patch"}),
         ("snapshot.storage.k8s.io", "volumesnapshotclasses"): frozenset({"get"}),
         ("snapshot.storage.k8s.io", "volumesnapshots"): frozenset({"get"}),
+        ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents"): frozenset({"get", "list", "watch", "patch"}),
+        ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents/status"): frozenset({"patch"}),
+        ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotclasses"): frozenset({"get"}),
     },
     ("RoleBinding", NAMESPACE): {
         ("coordination.k8s.io", "leases"): frozenset({"get", "create", "update"}),
