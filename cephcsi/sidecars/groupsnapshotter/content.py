@@ -157,7 +157,12 @@ class GroupContentWorker(ContentWorker):
             if objects.deleting(content):
                 if should_delete(content):
                     self.delete(content)
-                return
+                    return
+                if BEING_CREATED not in objects.annotations_of(content):
+                    return
+                # A create left unanswered (a timeout, a crash) holds the deletion back until it
+                # is answered: asked again (idempotent by name) as csi-snapshotter does, so the
+                # group is recorded and then deleted instead of the content staying for ever.
             if (content.get("status") or {}).get("readyToUse"):
                 if BEING_CREATED in objects.annotations_of(content):
                     # Left by a crash between the status write and its removal.

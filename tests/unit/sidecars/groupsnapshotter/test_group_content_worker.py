@@ -178,6 +178,16 @@ def test_no_delete_while_a_create_is_unanswered_or_unasked(annotations: dict[str
     assert not s.groups.deleted and s.now()["metadata"]["finalizers"] == [g.BOUND_FINALIZER]
 
 
+def test_a_deleted_content_with_an_unanswered_create_asks_again_then_deletes() -> None:
+    s = GroupSetup(group_content(deleting=True, annotations={g.BEING_DELETED: "yes", g.BEING_CREATED: "yes", **DELETION}))
+    s.worker.process("groupsnapcontent-1")
+    assert len(s.groups.created) == 1 and not s.groups.deleted, "the create is answered first"
+    assert g.BEING_CREATED not in s.now()["metadata"]["annotations"]
+    s.worker.process("groupsnapcontent-1")
+    (request,) = s.groups.deleted
+    assert request.group_snapshot_id == GROUP_HANDLE and s.now()["metadata"]["finalizers"] == []
+
+
 def test_retain_keeps_the_group_and_releases_the_finalizer() -> None:
     s = GroupSetup(group_content(policy="Retain", deleting=True, status=dict(CUT), annotations={g.BEING_DELETED: "yes"}))
     s.worker.process("groupsnapcontent-1")
