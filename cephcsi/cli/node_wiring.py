@@ -13,6 +13,7 @@ from cephcsi.node import devices, exec as node_exec, mounts
 from cephcsi.node.client_address import AddressReporter
 from cephcsi.node.crush_location import CrushLocator
 from cephcsi.node.expander import NodeExpander
+from cephcsi.node.io_max import KrbdQos
 from cephcsi.node.luks_keys import KmsKeys
 from cephcsi.node.mappers.base import FUSE, KRBD, NBD, Mapper
 from cephcsi.node.mappers.fuse import FuseMapper
@@ -56,7 +57,7 @@ def build_node_service(config: NodeConfig, runner: node_exec.Runner = node_exec.
         labels=labels,
         choice=choice,
         stager=stager,
-        publisher=Publisher(mounter, config.kubelet_dir),
+        publisher=Publisher(mounter, config.kubelet_dir, krbd_qos=KrbdQos(runner, config.command_timeout)),
         expander=expander,
         # Started by the process (cli.main), not here: tests build services without threads.
         loop_follower=LoopCapacityFollower(fuse.root, runner, config.command_timeout),

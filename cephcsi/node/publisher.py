@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from cephcsi.encryption.spec import FILE
 from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal
 from cephcsi.node import legacy_stage, mounts, stage_record
+from cephcsi.node.io_max import KrbdQos
+from cephcsi.node.mappers.base import KRBD
 from cephcsi.node.fscrypt import ioctls as fscrypt_ioctls, volume as fscrypt_volume
 from cephcsi.node.requests import PublishRequest
 from cephcsi.node.stage_record import ACCESS_BLOCK
@@ -39,6 +41,8 @@ class _Staged:
     read_only: bool
     file_encrypted: bool = False
     """fscrypt: the bind source is the encrypted directory in the mount, as in ceph-csi."""
+    record: stage_record.StageRecord | None = None
+    """Ours only (None for ceph-csi's stage)."""
 
 
 class Publisher:
@@ -47,10 +51,12 @@ class Publisher:
         mounter: mounts.Mounter,
         kubelet_dir: str,
         read_mounts: Callable[[], list[mounts.MountEntry]] = mounts.read_mounts,
+        krbd_qos: KrbdQos | None = None,
     ) -> None:
         self.mounter = mounter
         self.kubelet_dir = kubelet_dir
         self.read_mounts = read_mounts
+        self.krbd_qos = krbd_qos
 
     def publish(self, request: PublishRequest) -> None:
         staged = self._staged(request)
@@ -77,6 +83,7 @@ class Publisher:
         existing = mounts.top_mount(request.target_path, table)
         if existing is not None:
             self._check_existing(existing, anchor, read_only, request)
+            self._limit_io(staged, request)  # a retry after a crash between the bind and the rule
             return
         if request.access.single_writer and not read_only:
             writers = [e.mount_point for e in self._publications(anchor, table) if not e.read_only]
@@ -96,6 +103,15 @@ class Publisher:
             "published",
             extra=fields(volume_id=request.volume_id, target=request.target_path, read_only=read_only),
         )
+        self._limit_io(staged, request)
+
+    def _limit_io(self, staged: _Staged, request: PublishRequest) -> None:
+        """krbd only: rbd-nbd and fuse map through librbd, which enforces the limits itself."""
+        record = staged.record
+        if self.krbd_qos is None or record is None or record.mapper != KRBD or not record.device:
+            return
+        self.krbd_qos.apply(request.volume_id, request.target_path, record.data_device, record.image_spec,
+                            request.monitors, request.credentials)
 
     def _staged(self, request: PublishRequest) -> _Staged:
         record = stage_record.load(request.staging_path)
@@ -112,7 +128,7 @@ class Publisher:
                 f"volume {request.volume_id} is not staged at {request.staging_path}; call NodeStageVolume first"
             )
         return _Staged(record.mount_path, record.access_type, record.read_only,
-                       file_encrypted=record.encryption == FILE)
+                       file_encrypted=record.encryption == FILE, record=record)
 
     @staticmethod
     def _check_existing(

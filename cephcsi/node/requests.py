@@ -62,3 +62,8 @@ class PublishRequest:
     access: VolumeAccess
     read_only: bool = False
     """The request's `readonly` flag (e.g. a pod's readOnly volume mount)."""
+    credentials: Credentials | None = field(default=None, repr=False)
+    """The node-publish secret's cephx user, when the StorageClass names one: publish reads a
+    krbd volume's QoS limits from the image with it (cephcsi.node.io_max)."""
+    monitors: str = ""
+    """The volume's cluster monitors, set with `credentials`."""

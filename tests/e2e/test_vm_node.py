@@ -16,6 +16,11 @@ second pod reads the data back from, and neither the class passphrase nor the vo
 (unwrapped from the image metadata) appears in the node or controller plugin logs. Nothing of
 either claim is left: images, krbd devices, dm-crypt mappings.
 
+The encrypted class also limits write IOPS (`baseWriteIops`, QOS_WRITE_IOPS) and names a
+node-publish secret, so krbd QoS (cephcsi.node.io_max) is in force: the pod's cgroup has the
+io.max rule for the dm-crypt device at publish, its 4 KiB O_DIRECT writes run at most 1.5× the
+limit, and faster once the rule is taken off by hand (what makes them slow is the rule).
+
 The same flow (without the snapshot) runs again, unencrypted, through rbd-nbd, chosen by a
 StorageClass's `mounter: rbd-nbd`; there the same read of the image finds the plain text, so the
 ciphertext check above can fail. The rbd-nbd daemon runs in the node plugin's container and binds the device through the kernel's netlink interface
@@ -51,6 +56,7 @@ from tests.e2e.env import DEPLOY, IMAGE, SECRET, STORAGE_CLASS, E2EEnv, storage_
 from tests.e2e.kube import CONTROLLER_LABELS, DEPLOY_NAMESPACE, DRIVER, NODE_LABELS, image_name, wait_for
 from tests.e2e.snapshot_addon import GROUP, VERSION, example_snapshot_class, start_snapshot_addon
 from tests.e2e.test_expansion import df_bytes, grow, wait_resized
+from tests.e2e.test_qos import write_rate
 from tests.e2e.test_snapshots import READY_TIMEOUT, content, snapshot
 from tests.e2e.test_volumes import IDLE, delete_claim, fs_type, provision, read_image
 from tests.vm import kube_disk, network
@@ -79,6 +85,8 @@ KMS_ID = "secrets-metadata-test"
 StorageClass Secret's encryptionPassphrase and kept in the image metadata."""
 KMS_FILE = "/etc/ceph-csi-encryption-kms-config/config.json"
 LUKS_MAGIC = b"LUKS\xba\xbe"
+QOS_WRITE_IOPS = 40
+"""The encrypted class's write IOPS limit, enforced for krbd by the pod cgroup's io.max."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,10 @@ def luks(e2e: E2EEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Luks
         if key.endswith("-secret-name"):
             assert value == SECRET, (key, value)
             params[key] = LUKS_SECRET
+    # krbd QoS: publish reads the image's limits with the node-publish secret.
+    params["csi.storage.k8s.io/node-publish-secret-name"] = LUKS_SECRET
+    params["csi.storage.k8s.io/node-publish-secret-namespace"] = params["csi.storage.k8s.io/node-stage-secret-namespace"]
+    params["baseWriteIops"] = str(QOS_WRITE_IOPS)
     kube.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(doc))
     addon = start_snapshot_addon(e2e, tmp_path_factory.mktemp("snapctl-vm") / "snapshot-controller.log")
     custom = kubernetes.client.CustomObjectsApi(kube.api)
@@ -380,6 +392,8 @@ def test_claim_grows_online_under_a_pod_on_the_vm_node(e2e: E2EEnv, vm_kube: VmK
     assert kube.wait_written(namespace, "app", "/data/token", timeout=scaled(60)) == token
     assert fs_type(e2e, namespace, "app") == "ext4"
     device = check_mapped(vm, mounter.mapper, image, crypt)
+    if luks:
+        check_io_max(e2e, vm, namespace, "app", crypt)
     # The pod's sync reached the image: what Ceph holds is ciphertext behind a LUKS header on
     # the encrypted claim, and the plain token on the other (the check can fail).
     written = read_image(e2e, image, 64 * MI)
@@ -429,6 +443,27 @@ def test_claim_grows_online_under_a_pod_on_the_vm_node(e2e: E2EEnv, vm_kube: VmK
             assert luks.passphrase not in text, f"the class Secret's encryptionPassphrase is in {name}'s log"
             assert passphrase not in text, f"the volume's LUKS passphrase is in {name}'s log"
     delete_claim(e2e, namespace, "data", pv)
+
+
+def check_io_max(e2e: E2EEnv, vm: VmNode, namespace: str, pod: str, crypt: str) -> None:
+    """The pod's cgroup limits the dm-crypt device its filesystem is on to the class's write
+    IOPS, and that rule is what holds its O_DIRECT writes back (~15 s)."""
+    uid = (e2e.kube.pod(namespace, pod) or {})["metadata"]["uid"]
+    majmin = vm.check(f"lsblk -dno MAJ:MIN /dev/mapper/{crypt}", timeout=60).strip()
+    found = vm.check(f"ls -d /sys/fs/cgroup/kubepods/pod{uid} /sys/fs/cgroup/kubepods/*/pod{uid} 2>/dev/null; true",
+                     timeout=60).split()
+    assert len(found) == 1, f"pod {uid}'s cgroup: {found}"
+    io_max = found[0] + "/io.max"
+    rule = f"{majmin} rbps=max wbps=max riops=max wiops={QOS_WRITE_IOPS}"
+    assert rule in vm.check(f"cat {io_max}", timeout=60).splitlines(), vm.check(f"cat {io_max}", timeout=60)
+    write_rate(e2e, namespace, pod)  # allocates the file's blocks once
+    throttled = write_rate(e2e, namespace, pod)
+    vm.check(f"echo '{majmin} wiops=max' > {io_max}", timeout=60)
+    lifted = write_rate(e2e, namespace, pod)
+    log.info("krbd QoS: %.1f writes/s under wiops=%d, %.1f/s without the rule", throttled, QOS_WRITE_IOPS, lifted)
+    assert throttled <= 1.5 * QOS_WRITE_IOPS, (throttled, lifted)
+    assert lifted >= 1.5 * throttled, (throttled, lifted)
+    vm.check(f"echo '{rule}' > {io_max}", timeout=60)  # the rest of the flow under the class's limit
 
 
 def restore_and_read(e2e: E2EEnv, vm_kube: VmKubelet, namespace: str, luks: Luks, token: str,
