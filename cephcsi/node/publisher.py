@@ -10,6 +10,9 @@ filesystem or device is mounted on it), which keeps publish restart-safe for fre
 Unpublish unmounts whatever is stacked on the target and removes the target if it is an empty
 directory or an empty file — never anything with content: a target that is not a mount point
 yet holds files is reported, not deleted.
+
+A krbd volume's QoS limits become an io.max rule of the pod's cgroup after the bind
+(cephcsi.node.io_max); librbd enforces them itself for rbd-nbd and fuse.
 """
 from __future__ import annotations
 
