@@ -1,29 +1,9 @@
 """krbd QoS: a volume's librbd limits enforced by the kernel, as a cgroup v2 `io.max` rule in the
 cgroup of the pod that publishes it.
 
-The kernel RBD client reads no librbd configuration, so the `conf_rbd_qos_…` limits the
-controller keeps on the image (docs/qos.md) are enforced for krbd by the block layer's throttle
-instead: one line `MAJ:MIN rbps=… wbps=… riops=… wiops=…` in the pod cgroup's `io.max`.
-
-- When: at NodePublishVolume, after the bind (and again when a publish finds the bind already
-  there: a retry after a crash between the two writes the rule). Publish is the first moment the
-  pod is known (its uid is in the target path), and the kubelet creates the pod's cgroup before
-  it mounts the pod's volumes. The limits are read from the image at that moment, so a publish
-  after a ControllerModifyVolume gets the new ones; a running pod keeps the rule of its publish
-  (nothing calls the node when a class changes) until it is published again.
-- Which cgroup: the pod's, not its containers' (they do not exist yet at publish, and a
-  restarted container gets a new one); io.max rules of a cgroup bound all of its descendants,
-  so the containers share the pod's budget.
-- Which device: the one the pod's filesystem or Block bind sits on (the stage record's
-  data_device): the dm-crypt mapping of an encrypted volume, else the rbd device. The pod's bios
-  are issued to that device in the pod's context, so they are charged there.
-- Reading the image needs Ceph credentials, which NodePublishVolume carries only when the
-  StorageClass names a node-publish secret (`csi.storage.k8s.io/node-publish-secret-*`, as
-  ceph-csi's cgroup QoS requires); without one nothing is read or written (logged once).
-
-cgroup v2 has no combined read+write limit: `rbd_qos_iops_limit` and `rbd_qos_bps_limit` bound
-each direction on its own (a direction's own limit wins when it is lower), so reads and writes
-together can reach twice the combined limit.
+Written at NodePublishVolume (and its retry) for the device the pod's data sits on, from the
+image's `conf_rbd_qos_…` limits, only when a node-publish secret gives credentials. Each direction
+is bounded on its own (cgroup v2 has no combined limit). Why so: docs/design/node.md, "krbd QoS".
 """
 from __future__ import annotations
 

@@ -1,18 +1,9 @@
 """NodePublishVolume / NodeUnpublishVolume: bind the staged volume to a pod's target path.
 
-Publish creates the target (a directory for Filesystem volumes, an empty file for Block),
-bind-mounts `<staging>/fs` (its ceph-csi-encrypted directory when file-encrypted) or `<staging>/block`
-onto it and, for read-only publishes, remounts
-the bind read-only. Several targets of one staged volume are independent binds. Nothing is
-recorded: the mount table is the state (a target is "published" when a bind of the staged
-filesystem or device is mounted on it), which keeps publish restart-safe for free.
-
-Unpublish unmounts whatever is stacked on the target and removes the target if it is an empty
-directory or an empty file — never anything with content: a target that is not a mount point
-yet holds files is reported, not deleted.
-
-A krbd volume's QoS limits become an io.max rule of the pod's cgroup after the bind
-(cephcsi.node.io_max); librbd enforces them itself for rbd-nbd and fuse.
+Publish bind-mounts `<staging>/fs` (or its ceph-csi-encrypted directory) or `<staging>/block`
+onto the target, read-only when asked; the mount table is the only state. Unpublish unmounts and
+removes only an empty target, never one with content. A krbd volume's QoS becomes an io.max rule
+after the bind (cephcsi.node.io_max). docs/design/node.md, "Publishing".
 """
 from __future__ import annotations
 
