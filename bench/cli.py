@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size-mib", type=int, default=GiB >> 20, help="image/volume size in MiB (default %(default)s, thin)")
     p.add_argument("--warmup", type=int, help="untimed create/delete pairs per path first (default 4)")
     p.add_argument("--node-iterations", type=int, help="stage/unstage cycles per path and mode (default 8)")
+    p.add_argument("--node-volumes", type=int,
+                   help="volumes staged and published at once on one node plugin in section 2c (default 100; quick 10)")
     p.add_argument("--sidecar-settle", type=float, help="seconds each Go sidecar runs before its RSS is read (default 10)")
     p.add_argument("--pvc-burst", type=int, help="PVCs created at once in 4a (default 100; quick 10)")
     p.add_argument("--pvc-repeats", type=int, help="single-PVC create→Bound repeats in 4a (default 5; quick 2)")
@@ -91,6 +93,8 @@ def options_from(args: argparse.Namespace) -> Options:
         raise SystemExit("bench: --scale-claims must be ≥ 1")
     if args.scale_rounds is not None and args.scale_rounds < 1:
         raise SystemExit("bench: --scale-rounds must be ≥ 1")
+    if args.node_volumes is not None and args.node_volumes < 1:
+        raise SystemExit("bench: --node-volumes must be ≥ 1")
     if args.rounds is not None and args.rounds < 1:
         raise SystemExit("bench: --rounds must be ≥ 1")
     return dataclasses.replace(
@@ -101,6 +105,7 @@ def options_from(args: argparse.Namespace) -> Options:
         build=not args.no_build,
         profile=args.profile,
         output_dir=args.output_dir,
+        extra={**base.extra, **({} if args.node_volumes is None else {"node_volumes": args.node_volumes})},
     )
 
 

@@ -13,6 +13,7 @@ from bench.sections import (
     kube_failover,
     kube_provisioning,
     node_ops,
+    node_scale,
     node_vm,
     resources,
     scale,
@@ -23,6 +24,7 @@ from bench.sections.base import Section
 SECTIONS: tuple[Section, ...] = (
     controller_ops.SECTION,
     node_ops.SECTION,
+    node_scale.SECTION,
     node_vm.SECTION,
     resources.SECTION,
     go_sidecars.SECTION,
