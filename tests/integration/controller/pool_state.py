@@ -181,7 +181,7 @@ import sys, rados, rbd
 op, pool, mon, key, name, image_id = sys.argv[1:7]
 client = rados.Rados(rados_id="admin", conf={"mon_host": mon, "key": key}); client.connect()
 io = client.open_ioctx(pool)
-print("ready", flush=True); sys.stdin.readline()
+print("ready", client.get_addrs(), flush=True); sys.stdin.readline()
 if op == "create":
     rbd.RBD().create(io, name, 8 << 20, old_format=False, features=1)
 elif op == "trash_move":
@@ -197,18 +197,48 @@ print("done", flush=True)
 def kill_inside(cluster: CephTestCluster, op: str, name: str, image_id: str = "", max_delay: float = 0.03,
                 delay: float | None = None) -> None:
     """Run one librbd call in a child and SIGKILL it a random instant after it starts (or
-    `delay` seconds after, for a caller sweeping the call's duration)."""
+    `delay` seconds after, for a caller sweeping the call's duration). The dead child is then
+    blocklisted: what the OSD's watch timeout does (30 s) to the watch it may have left on the
+    image, at once, so the retry, the discard of a missed attempt and the mgr's purge need not
+    wait for it (a purge that found the image busy retries only 30, then 60 s later)."""
     child = subprocess.Popen(
         [sys.executable, "-c", _CHILD, op, cluster.pool, cluster.mon_host, cluster.admin_key, name, image_id],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     assert child.stdin is not None and child.stdout is not None
-    assert child.stdout.readline().strip() == "ready"
+    ready, address = child.stdout.readline().split()
+    assert ready == "ready"
     child.stdin.write("go\n")
     child.stdin.flush()
     time.sleep(random.uniform(0, max_delay) if delay is None else delay)
     child.kill()
     child.wait()
+    blocklist_client(cluster, address)
+
+
+def blocklist_client(cluster: CephTestCluster, address: str) -> None:
+    """Blocklist a dead client's address (an hour, Ceph's default): the OSDs drop its watches."""
+    client = rados.Rados(rados_id="admin", conf={"mon_host": cluster.mon_host, "key": cluster.admin_key})
+    client.connect()
+    try:
+        client.blocklist_add(address)
+    finally:
+        client.shutdown()
+
+
+def blocklist_watchers(cluster: CephTestCluster, name: str, client_ids: set[int]) -> list[str]:
+    """Blocklist those of `client_ids` (a killed driver's, DriverProcess.client_ids) that watch
+    the image `name`: what the OSD's watch timeout (30 s) does to a dead client's watch, at once.
+    Their addresses."""
+    with admin_ioctx(cluster) as io:
+        try:
+            with rbd.Image(io, name, read_only=True) as image:
+                addresses = [str(w["addr"]) for w in image.watchers_list() if int(w.get("id", -1)) in client_ids]
+        except rbd.ImageNotFound:
+            return []
+    for address in addresses:
+        blocklist_client(cluster, address)
+    return addresses
 
 
 def image_state(cluster: CephTestCluster, name: str, image_id: str = "") -> imagestate.ImageState:

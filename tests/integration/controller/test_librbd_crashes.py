@@ -50,8 +50,8 @@ def controller(fresh_driver: Callable[..., DriverProcess]) -> DriverProcess:
 
 
 def _delete(driver: DriverProcess, cluster: CephTestCluster, volume_id: str) -> None:
-    """Delete as a provisioner does: retried, also on FAILED_PRECONDITION, since a killed
-    child's watch on the image lasts until the OSD's watch timeout (30 s)."""
+    """Delete as a provisioner does: retried, also on FAILED_PRECONDITION (a watch on the image;
+    a killed child's is gone at once: kill_inside blocklists it)."""
     request = csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=cluster.secrets)
     until_ok(lambda: driver.controller.DeleteVolume(request, timeout=60), deadline=90,
              also=(grpc.StatusCode.FAILED_PRECONDITION,))
@@ -103,8 +103,8 @@ def test_delete_finishes_a_trash_move_killed_inside_librbd(controller: DriverPro
         )
         seen.add((state.directory, state.id_object))
         _delete(controller, ceph_cluster, volume_id)
-    # A killed trash_move leaves the child's watch on the header until the OSD's watch timeout;
-    # the mgr's purge fails EBUSY meanwhile and retries after 30 s, then 60 s.
+    # A killed trash_move's watch on the header would hold the mgr's purge (EBUSY, retried after
+    # 30 s, then 60 s) until the OSD's watch timeout; kill_inside blocklisted the child.
     assert wait_for_pool(ceph_cluster, baseline, timeout=150) == baseline
 
 
@@ -136,7 +136,7 @@ def test_a_create_that_takes_over_a_name_finishes_a_remove_killed_inside_librbd(
     )
     name = image_of(volume_id)
     # The retry: its name and record are there, its image is not (a killed client's watch on
-    # the trashed image makes the removal busy until the OSD expires it).
+    # the trashed image would make the removal busy until the OSD expired it: blocklisted).
     again = until_ok(lambda: controller.controller.CreateVolume(requests[volume_id], timeout=60), deadline=90,
                      also=(grpc.StatusCode.FAILED_PRECONDITION,)).volume
     assert again.volume_id == volume_id
@@ -181,7 +181,7 @@ def test_delete_finishes_a_remove_killed_while_it_moved_the_image_to_the_trash(
     )
     _delete(controller, ceph_cluster, volume_id)
     assert image_of(volume_id) not in ceph_cluster.images()
-    # A killed remove leaves the child's watch on the header until the OSD's watch timeout.
+    # A killed remove's watch on the header went with the child's blocklisting (kill_inside).
     assert wait_for_pool(ceph_cluster, baseline, timeout=150) == baseline
 
 
@@ -202,7 +202,8 @@ def test_delete_finishes_a_trash_removal_killed_inside_librbd(controller: Driver
         lambda vid: _delete(controller, ceph_cluster, vid),
     )
     _delete(controller, ceph_cluster, volume_id)
-    # The killed child's watch on the header keeps the mgr's removal busy until it expires.
+    # The killed child's watch on the header would keep the mgr's removal busy until it expired
+    # (30 s): kill_inside blocklisted the child.
     assert wait_for_pool(ceph_cluster, baseline, timeout=150) == baseline
 
 

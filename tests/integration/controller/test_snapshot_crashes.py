@@ -16,7 +16,13 @@ import rbd
 from cephcsi._generated import csi_pb2
 from tests.ceph.fixtures import CephTestCluster
 from tests.integration.controller.helpers import MiB, create_request, image_of, until_ok
-from tests.integration.controller.pool_state import admin_ioctx, read_pool, wait_for_pool
+from tests.integration.controller.pool_state import (
+    admin_ioctx,
+    blocklist_client,
+    blocklist_watchers,
+    read_pool,
+    wait_for_pool,
+)
 from tests.integration.controller.snapshot_helpers import (
     BLOCK,
     delete_all,
@@ -37,14 +43,18 @@ CLONE_POINTS = ["create.after-record", "clone.after-source-snap", "clone.after-c
 DELETE_POINTS = ["delete.after-trash", "snapshot.delete.after-image"]
 
 
-def _crash(driver: DriverProcess, call: Callable[[DriverProcess], object]) -> None:
+def _crash(driver: DriverProcess, call: Callable[[DriverProcess], object], cluster: CephTestCluster,
+           source_id: str) -> None:
+    """The call, killed at its failpoint; then the dead driver's watch on the source (left by a
+    kill after it cut the source's snapshot, holding the source's exclusive lock) is blocklisted,
+    as the OSD's watch timeout would drop it 30 s later: the retry need not wait for that."""
     with pytest.raises(grpc.RpcError):
         call(driver)
+    blocklist_watchers(cluster, image_of(source_id), driver.client_ids())
 
 
 def _retry(call: Callable[[], object]) -> object:
-    # A SIGKILLed holder's lease lapses after --journal-lock-timeout (2 s); a killed child's
-    # watch on an image lasts until the OSD's watch timeout.
+    # A SIGKILLed holder's lease lapses after --journal-lock-timeout (2 s).
     return until_ok(call, deadline=90, also=(grpc.StatusCode.FAILED_PRECONDITION,))
 
 
@@ -57,7 +67,8 @@ def test_create_snapshot_killed_between_steps(point: str, fresh_driver: Callable
     data = pattern(point)
     write(ceph_cluster, source.volume_id, data)
     request = snapshot_request(ceph_cluster, source.volume_id)
-    _crash(fresh_driver({"CEPHCSI_FAILPOINTS": point}), lambda d: d.controller.CreateSnapshot(request, timeout=60))
+    _crash(fresh_driver({"CEPHCSI_FAILPOINTS": point}), lambda d: d.controller.CreateSnapshot(request, timeout=60),
+           ceph_cluster, source.volume_id)
     write(ceph_cluster, source.volume_id, pattern("later"))  # after the cut: must not show in the snapshot
     snapshot = _retry(lambda: healthy.controller.CreateSnapshot(request, timeout=60)).snapshot  # type: ignore[attr-defined]
     restored = healthy.controller.CreateVolume(from_snapshot(ceph_cluster, snapshot.snapshot_id, size=16 * MiB), timeout=60).volume
@@ -77,7 +88,8 @@ def test_killed_snapshot_then_source_deleted(point: str, fresh_driver: Callable[
     healthy = fresh_driver()
     source = healthy.controller.CreateVolume(create_request(ceph_cluster), timeout=60).volume
     request = snapshot_request(ceph_cluster, source.volume_id)
-    _crash(fresh_driver({"CEPHCSI_FAILPOINTS": point}), lambda d: d.controller.CreateSnapshot(request, timeout=60))
+    _crash(fresh_driver({"CEPHCSI_FAILPOINTS": point}), lambda d: d.controller.CreateSnapshot(request, timeout=60),
+           ceph_cluster, source.volume_id)
     _retry(lambda: healthy.controller.DeleteVolume(
         csi_pb2.DeleteVolumeRequest(volume_id=source.volume_id, secrets=ceph_cluster.secrets), timeout=60))
     try:
@@ -107,7 +119,8 @@ def test_create_from_source_killed_between_steps(kind: str, point: str, fresh_dr
         request = from_snapshot(ceph_cluster, snapshots[0], size=32 * MiB)
     else:
         request = from_volume(ceph_cluster, source.volume_id, size=32 * MiB)
-    _crash(fresh_driver({"CEPHCSI_FAILPOINTS": point}), lambda d: d.controller.CreateVolume(request, timeout=60))
+    _crash(fresh_driver({"CEPHCSI_FAILPOINTS": point}), lambda d: d.controller.CreateVolume(request, timeout=60),
+           ceph_cluster, source.volume_id)
     volume = _retry(lambda: healthy.controller.CreateVolume(request, timeout=60)).volume  # type: ignore[attr-defined]
     assert volume.capacity_bytes == 32 * MiB
     assert read(ceph_cluster, volume.volume_id, BLOCK) == data
@@ -132,7 +145,8 @@ def test_delete_snapshot_killed_between_steps(point: str, restored: bool, fresh_
         volumes.append(healthy.controller.CreateVolume(from_snapshot(ceph_cluster, snapshot.snapshot_id), timeout=60)
                        .volume.volume_id)
     delete = csi_pb2.DeleteSnapshotRequest(snapshot_id=snapshot.snapshot_id, secrets=ceph_cluster.secrets)
-    _crash(fresh_driver({"CEPHCSI_FAILPOINTS": point}), lambda d: d.controller.DeleteSnapshot(delete, timeout=60))
+    _crash(fresh_driver({"CEPHCSI_FAILPOINTS": point}), lambda d: d.controller.DeleteSnapshot(delete, timeout=60),
+           ceph_cluster, source.volume_id)
     _retry(lambda: healthy.controller.DeleteSnapshot(delete, timeout=60))
     delete_all(healthy, ceph_cluster, [], volumes[::-1])
     assert wait_for_pool(ceph_cluster, baseline, timeout=150) == baseline
@@ -144,7 +158,7 @@ pool, mon, key, parent, snap, child = sys.argv[1:7]
 client = rados.Rados(rados_id="admin", conf={"mon_host": mon, "key": key, "rbd_default_clone_format": "2"})
 client.connect()
 io = client.open_ioctx(pool)
-print("ready", flush=True); sys.stdin.readline()
+print("ready", client.get_addrs(), flush=True); sys.stdin.readline()
 rbd.RBD().clone(io, parent, snap, io, child, features=1)
 print("done", flush=True)
 """
@@ -154,17 +168,21 @@ def _kill_inside_clone(cluster: CephTestCluster, parent: str, snap: str, child: 
     process = subprocess.Popen([sys.executable, "-c", _CLONE_CHILD, cluster.pool, cluster.mon_host, cluster.admin_key,
                                 parent, snap, child], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert process.stdin is not None and process.stdout is not None
-    assert process.stdout.readline().strip() == "ready"
+    ready, address = process.stdout.readline().split()
+    assert ready == "ready"
     process.stdin.write("go\n")
     process.stdin.flush()
     time.sleep(random.uniform(0, max_delay))
     process.kill()
     process.wait()
+    # What the OSD's watch timeout (30 s) does to the watch the child may have left on the clone
+    # (it opened it), at once: the image can be removed for the next attempt without waiting.
+    blocklist_client(cluster, address)
 
 
 def _remove_when_unwatched(cluster: CephTestCluster, name: str, deadline: float = 90) -> None:
-    """Remove the image for the next attempt; the child killed in the previous one may still hold
-    a watch on it (it opened the image), which lasts until the OSD's watch timeout."""
+    """Remove the image for the next attempt (the retry's own open of it may take a moment to
+    close; the killed child's watch is blocklisted)."""
     give_up = time.monotonic() + deadline
     with admin_ioctx(cluster) as io:
         while True:
