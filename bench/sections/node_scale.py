@@ -319,6 +319,8 @@ class Figures:
     publish: list[float] = field(default_factory=list)
     unpublish: list[float] = field(default_factory=list)
     unstage: list[float] = field(default_factory=list)
+    stage_cpu: list[float] = field(default_factory=list)
+    """The plugin's CPU seconds over each volume's stage+publish (/proc ticks: 10 ms steps)."""
     manual_empty: node_ops.Timings = field(default_factory=node_ops.Timings)
     manual_full: node_ops.Timings = field(default_factory=node_ops.Timings)
     stats: dict[str, Batch[bool]] = field(default_factory=dict)
@@ -384,7 +386,7 @@ def _measure(env: Environment, node: ScaleNode, placed: list[Placed], figures: F
             placed.append(node.place(i, answer.volume))
 
         log.info("node-scale: staging and publishing %d volumes in turn", figures.volumes)
-        cpu_before = procstat.cpu_seconds(node.pid)
+        cpu_before = previous_cpu = procstat.cpu_seconds(node.pid)
         for p in placed:
             stage_s, publish_s = node.stage(p), node.publish(p)
             figures.stage.append(stage_s)
@@ -394,8 +396,10 @@ def _measure(env: Environment, node: ScaleNode, placed: list[Placed], figures: F
                 handle.flush()
                 os.fsync(handle.fileno())
             s = procstat.sample(node.pid)
+            figures.stage_cpu.append(s.cpu_s - previous_cpu)
+            previous_cpu = s.cpu_s
             figures.series.append({"stage_s": stage_s, "publish_s": publish_s, "rss_bytes": s.rss_bytes,
-                                   "threads": s.threads, "fds": _fds(node.pid)})
+                                   "threads": s.threads, "fds": _fds(node.pid), "cpu_s": s.cpu_s})
         figures.checks["plugin CPU per stage+publish, ms"] = report.ms(
             (procstat.cpu_seconds(node.pid) - cpu_before) / max(1, len(placed)))
         figures.readings.append(_read(f"{len(placed)} staged and published", node.pid))
@@ -523,6 +527,8 @@ def _latency_table(f: Figures) -> tuple[Table, dict[str, Any]]:
         ("  unstage", f.unstage, f.manual_empty.unstage, f.manual_full.unstage),
     ]
     data: dict[str, Any] = {}
+    cpu = ends(f.stage_cpu)
+    data["plugin cpu per stage+publish"] = cpu.to_json() if cpu else None
     for label, samples, empty, full in rows:
         got = ends(samples)
         m0, mn = _median(empty), _median(full)
@@ -531,6 +537,9 @@ def _latency_table(f: Figures) -> tuple[Table, dict[str, Any]]:
                   got.verdict() if got else "—", report.ms(m0), report.ms(mn),
                   report.times(ratio(got.first.median, m0) if got and m0 else None),
                   report.times(ratio(got.last.median, mn) if got and mn else None))
+        if label == "  publish":
+            table.add("  the plugin's CPU in stage+publish", _cell(cpu.first if cpu else None),
+                      _cell(cpu.last if cpu else None), cpu.verdict() if cpu else "—", "—", "—", "—", "—")
     return table, data
 
 
@@ -580,6 +589,13 @@ def _goals(f: Figures) -> Table:
     up = ends(_sum(f.stage, f.publish))
     table.add(f"stage+publish of the last {up.k if up else 0} as fast as the first (± spread)",
               up.verdict() if up else "—", "met" if up and up.as_fast else "NOT met")
+    floor0, floorn = _median(f.manual_empty.up()), _median(f.manual_full.up())
+    if up and floor0 and floorn:
+        first_x, last_x = up.first.median / floor0, up.last.median / floorn
+        table.add(f"the same against the floor measured beside it (by hand with 0, then {f.volumes} staged)",
+                  f"{report.times(first_x)} → {report.times(last_x)} the floor "
+                  f"(the floor itself {report.times(floorn / floor0)})",
+                  "informational: how much of the slowdown is the host's")
     intact = [v for k, v in f.checks.items() if k != "plugin CPU per stage+publish, ms"]
     all_intact = bool(intact) and all(v.split("/")[0] == v.split("/")[1] for v in intact)
     restart_ok = f.restart_s is not None and f.restart_s <= RESTART_GOAL_S

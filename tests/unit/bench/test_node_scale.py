@@ -91,7 +91,7 @@ def _figures(restart_s: float, survived: str, last_stage_s: float, stats_wall_s:
 
 
 def _verdicts(f: Figures) -> list[str]:
-    return [row[-1] for row in node_scale._goals(f).rows]
+    return [row[-1] for row in node_scale._goals(f).rows if not row[-1].startswith("informational")]
 
 
 def test_goal_verdicts_follow_the_figures() -> None:
@@ -111,3 +111,11 @@ def test_tables_render_with_the_per_volume_growth() -> None:
     latency, data = node_scale._latency_table(f)
     assert latency.rows[0][0] == "stage+publish" and latency.rows[0][6] == "1.24×"  # 0.102 / 0.082
     assert data["stage"]["as_fast"] is True
+    assert data["plugin cpu per stage+publish"] is None  # no CPU readings: no row figures, no crash
+    f.stage_cpu = [0.02] * 10 + [0.05] * 10
+    latency, data = node_scale._latency_table(f)
+    cpu_row = next(r for r in latency.rows if r[0].strip().startswith("the plugin's CPU"))
+    assert cpu_row[1:4] == ["20.0 (20.0–20.0)", "50.0 (50.0–50.0)", "2.50×, slower than any of the first"]
+    f.manual_full.stage, f.manual_full.publish = [0.16], [0.004]
+    floor_row = [r for r in node_scale._goals(f).rows if r[-1].startswith("informational")]
+    assert floor_row and floor_row[0][1] == "1.24× → 0.62× the floor (the floor itself 2.00×)"
