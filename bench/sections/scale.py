@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import procstat, report, scale_model, scale_seed
+from bench import procstat, report, scale_model, scale_seed, scale_threads
 from bench.kube import wait_until
 from bench.environment import DRIVER_ARGS, Environment
 from bench.model import SectionResult, Table
@@ -140,6 +140,7 @@ class Bench:
             s = procstat.sample(popen.pid)
             out.rss_bytes, out.hwm_bytes, out.threads, out.cpu_s = s.rss_bytes, s.hwm_bytes, s.threads, s.cpu_s
             out.processes["cephcsi"] = s.to_json()
+            out.processes["cephcsi"]["thread_names"] = scale_threads.describe(popen.pid)
             out.writes = self.plane.etcd_revision() - revision
             out.problems = log_problems(process)
         finally:
