@@ -19,6 +19,7 @@ from cephcsi.volumes.manager import CreateRequest, VolumeManager
 from cephcsi.volumes.parameters import VolumeParameters
 from cephcsi.volumes.publish import LocalNodes, NodeDirectory, Publisher, check_node_id
 from cephcsi.volumes.snapshots import SnapshotManager
+from cephcsi.volumes.topology import Requirements
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,15 @@ PUBLISH_CAPABILITIES = (_RPC.PUBLISH_UNPUBLISH_VOLUME,)
 """With a Publisher: ControllerPublish records the node holding the volume and refuses a second
 writer node; ControllerUnpublish fences a node out of service (cephcsi.volumes.publish)."""
 MAX_NAME_LENGTH = 255
+
+
+def requirements_of(request: csi_pb2.CreateVolumeRequest) -> Requirements | None:
+    """The request's accessibility requirements, None when the CO sent none."""
+    if not request.HasField("accessibility_requirements"):
+        return None
+    wanted = request.accessibility_requirements
+    return Requirements(preferred=tuple(dict(t.segments) for t in wanted.preferred),
+                        requisite=tuple(dict(t.segments) for t in wanted.requisite))
 
 
 class ControllerServicer(SnapshotRpcs, CapacityRpcs, ServicerBase, csi_pb2_grpc.ControllerServicer):
@@ -72,6 +82,7 @@ class ControllerServicer(SnapshotRpcs, CapacityRpcs, ServicerBase, csi_pb2_grpc.
                 metadata=image_owner.from_parameters(request.parameters),
                 source=source,
                 secrets=request.secrets,
+                requirements=requirements_of(request),
             )
         )
         if not qos_policy.empty or source is not None:
@@ -82,6 +93,7 @@ class ControllerServicer(SnapshotRpcs, CapacityRpcs, ServicerBase, csi_pb2_grpc.
             volume=csi_pb2.Volume(
                 volume_id=volume.volume_id.encode(), capacity_bytes=volume.size, volume_context=volume.context,
                 content_source=content_source_message(source),
+                accessible_topology=[csi_pb2.Topology(segments=volume.topology)] if volume.topology is not None else [],
             )
         )
 

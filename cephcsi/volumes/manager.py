@@ -7,6 +7,7 @@ reservation stops two processes from doing so.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from contextlib import ExitStack, contextmanager
@@ -23,11 +24,12 @@ from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
 from cephcsi.encryption import volume_keys
 from cephcsi.encryption.volume_keys import VolumeKeys
-from cephcsi.volumes import clones, failpoints, new_images, split_journal
+from cephcsi.volumes import clones, failpoints, new_images, placement, split_journal
 from cephcsi.volumes.encrypted import OWNER_KEY, Encryption
 from cephcsi.volumes.capacity import fits
 from cephcsi.volumes.journal import PLANNED_IMAGE_ID, VOLUMES, Claim, Hold, Journal, Record, pending_metadata_values
 from cephcsi.volumes.parameters import VolumeParameters
+from cephcsi.volumes.topology import Requirements
 from cephcsi.volumes.split_journal import JOURNAL_POOL, SplitVolume, parse_name_value
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
@@ -49,6 +51,9 @@ class CreateRequest:
     """Snapshot to restore or volume to clone (cephcsi.volumes.clones)."""
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     """The call's raw secrets: an encrypted volume's KMS reads its passphrase there."""
+    requirements: Requirements | None = None
+    """The CO's accessibility requirements (None: it sent none); with the class's
+    topologyConstrainedPools they choose the pool (cephcsi.volumes.placement)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,8 @@ class Volume:
     size: int
     image_name: str
     context: dict[str, str]
+    topology: dict[str, str] | None = None
+    """Segments the volume is accessible from (a topology-constrained pool's); None: everywhere."""
 
 
 @dataclass(frozen=True)
@@ -98,104 +105,115 @@ class VolumeManager:
         return Journal(io, self.instance_id, VOLUMES, lock_seconds=self.journal_lock_seconds, keeper=self.keeper)
 
     def create(self, request: CreateRequest) -> Volume:
+        cluster = self.clusters.get(request.parameters.cluster_id)
+        with self.name_locks.hold(request.name), self.connections.session(cluster, request.credentials) as session:
+            # A class with topologyConstrainedPools: the pool is chosen here, and the volume is an
+            # ordinary one of that pool from here on (cephcsi.volumes.placement).
+            placed = placement.place(session, request.parameters, request.requirements,
+                                     request.source.source_id if request.source is not None else None,
+                                     lambda io: self._journal(io).lookup(request.name) is not None)
+            volume = self._create(session, dataclasses.replace(request, parameters=placed))
+            segments = placement.accessible(request.parameters, request.requirements, volume.context["pool"])
+            return dataclasses.replace(volume, topology=segments) if segments is not None else volume
+
+    def _create(self, session: Session, request: CreateRequest) -> Volume:
         params = request.parameters
         cluster = self.clusters.get(params.cluster_id)
-        with self.name_locks.hold(request.name), self.connections.session(cluster, request.credentials) as session:
-            with session.ioctx(params.pool) as io:
-                journal = self._journal(io)
-                # Refused before anything is reserved: an unknown KMS, or a clone or restore whose
-                # encryption differs from its source's (ceph-csi's rule).
-                self.encryption.check(params.encryption, request.secrets, params.tenant)
-                if request.source is not None:
-                    found = self.encryption.source(session, request.source,
-                                                   read_state=params.encryption is not None)
-                    self.encryption.require_compatible(params.encryption, request.source, found)
-                encrypted = volume_keys.record_values(params.encryption)
-                if encrypted and params.tenant:
-                    encrypted[OWNER_KEY] = params.tenant
-                # The owner keys of a new image are written after the answer; until then the
-                # record keeps them (journal.PENDING_METADATA). Clones get theirs before.
-                pending = pending_metadata_values(request.metadata) if request.source is None else {}
-                image_metadata.check_settable(request.metadata)
-                # Two rounds at most: the first may find the name released by a delete that
-                # finished while we waited for its lock.
-                for _ in range(2):
-                    proposed = VolumeId.new_uuid()
-                    reserving = time.monotonic()
-                    uuid = journal.reserve(request.name, proposed)
-                    fresh = uuid == proposed
-                    if not fresh:
-                        value = parse_name_value(uuid, f"name key of {request.name!r} in pool {params.pool!r}")
-                        if value.elsewhere(io.get_pool_id()):
-                            # ceph-csi made this volume in a topology-constrained pool: adopt it
-                            # there, never as a uuid of this pool (its record is not here).
-                            return self._adopt_split(session, io, request, uuid, value)
-                    failpoints.reach("create.after-reserve")
-                    # A new image of a plain layout is written by hand under an id journaled
-                    # with the record (cephcsi.ceph.image_ensure); else librbd makes it.
-                    order = new_images.hand_order(session, io, request) if fresh else None
-                    planned = {PLANNED_IMAGE_ID: image_ensure.plan_id()} if order is not None else {}
-                    claim = Claim(request.name, f"{params.name_prefix}{uuid}",
-                                  {**clones.record_values(request.source), **pending, **planned, **encrypted})
-                    # A uuid this call just reserved has no record yet: the hold writes it.
-                    with journal.locked(uuid, claim if fresh else None) as hold, ExitStack() as rotation:
-                        # Between the reserve and the lock, another process's find()
-                        # (provisioner clean-up) or an audit repair may have taken the
-                        # record-less name for a dead create's and released it; going on
-                        # would journal a volume no name points at. A record this call filled
-                        # soon enough after its reservation cannot have lost its name (see
-                        # Journal.reserved_within_window); otherwise the name is read again.
-                        if not journal.reserved_within_window(hold, reserving) and journal.lookup(request.name) != uuid:
-                            journal.discard_orphan(uuid)
-                            continue
-                        record = hold.claimed or journal.claim_record(uuid, claim.name, claim.image_name, claim.extra)
-                        failpoints.reach("create.after-record")
-                        self.encryption.require_same(request.name, record, params.encryption)
-                        made = written = False
-                        volume_id = VolumeId(params.cluster_id, io.get_pool_id(), uuid)
-                        self.encryption.prepare(volume_id.encode(), params.encryption, request.source,
-                                                request.secrets, params.tenant)
+        with session.ioctx(params.pool) as io:
+            journal = self._journal(io)
+            # Refused before anything is reserved: an unknown KMS, or a clone or restore whose
+            # encryption differs from its source's (ceph-csi's rule).
+            self.encryption.check(params.encryption, request.secrets, params.tenant)
+            if request.source is not None:
+                found = self.encryption.source(session, request.source,
+                                               read_state=params.encryption is not None)
+                self.encryption.require_compatible(params.encryption, request.source, found)
+            encrypted = volume_keys.record_values(params.encryption)
+            if encrypted and params.tenant:
+                encrypted[OWNER_KEY] = params.tenant
+            # The owner keys of a new image are written after the answer; until then the
+            # record keeps them (journal.PENDING_METADATA). Clones get theirs before.
+            pending = pending_metadata_values(request.metadata) if request.source is None else {}
+            image_metadata.check_settable(request.metadata)
+            # Two rounds at most: the first may find the name released by a delete that
+            # finished while we waited for its lock.
+            for _ in range(2):
+                proposed = VolumeId.new_uuid()
+                reserving = time.monotonic()
+                uuid = journal.reserve(request.name, proposed)
+                fresh = uuid == proposed
+                if not fresh:
+                    value = parse_name_value(uuid, f"name key of {request.name!r} in pool {params.pool!r}")
+                    if value.elsewhere(io.get_pool_id()):
+                        # ceph-csi made this volume in a topology-constrained pool: adopt it
+                        # there, never as a uuid of this pool (its record is not here).
+                        return self._adopt_split(session, io, request, uuid, value)
+                failpoints.reach("create.after-reserve")
+                # A new image of a plain layout is written by hand under an id journaled
+                # with the record (cephcsi.ceph.image_ensure); else librbd makes it.
+                order = new_images.hand_order(session, io, request) if fresh else None
+                planned = {PLANNED_IMAGE_ID: image_ensure.plan_id()} if order is not None else {}
+                claim = Claim(request.name, f"{params.name_prefix}{uuid}",
+                              {**clones.record_values(request.source), **pending, **planned, **encrypted})
+                # A uuid this call just reserved has no record yet: the hold writes it.
+                with journal.locked(uuid, claim if fresh else None) as hold, ExitStack() as rotation:
+                    # Between the reserve and the lock, another process's find()
+                    # (provisioner clean-up) or an audit repair may have taken the
+                    # record-less name for a dead create's and released it; going on
+                    # would journal a volume no name points at. A record this call filled
+                    # soon enough after its reservation cannot have lost its name (see
+                    # Journal.reserved_within_window); otherwise the name is read again.
+                    if not journal.reserved_within_window(hold, reserving) and journal.lookup(request.name) != uuid:
+                        journal.discard_orphan(uuid)
+                        continue
+                    record = hold.claimed or journal.claim_record(uuid, claim.name, claim.image_name, claim.extra)
+                    failpoints.reach("create.after-record")
+                    self.encryption.require_same(request.name, record, params.encryption)
+                    made = written = False
+                    volume_id = VolumeId(params.cluster_id, io.get_pool_id(), uuid)
+                    self.encryption.prepare(volume_id.encode(), params.encryption, request.source,
+                                            request.secrets, params.tenant)
+                    hold.ensure_held()
+                    rotation.enter_context(self.encryption.source_held(session, request.source, params.encryption,
+                                                                       volume_id.encode()))
+                    if self.cloner is not None and (request.source is not None or clones.has_source(record)):
+                        image_id, size, written = self.cloner.ensure(session, io, request, record,
+                                                                     keys=self.encryption.keys)
+                    else:
+                        image_id, size, made = new_images.ensure(session, io, request, journal, record, fresh, order)
+                    if record.get(PLANNED_IMAGE_ID):
+                        hold.forget_on_release(PLANNED_IMAGE_ID)
+                    if params.encryption is not None:
+                        # Before the answer, after the image: a crash between the two leaves
+                        # an image without a passphrase, which the retry gives one (never a
+                        # second: create_key keeps one already kept).
                         hold.ensure_held()
-                        rotation.enter_context(self.encryption.source_held(session, request.source, params.encryption,
-                                                                           volume_id.encode()))
-                        if self.cloner is not None and (request.source is not None or clones.has_source(record)):
-                            image_id, size, written = self.cloner.ensure(session, io, request, record,
-                                                                         keys=self.encryption.keys)
-                        else:
-                            image_id, size, made = new_images.ensure(session, io, request, journal, record, fresh, order)
-                        if record.get(PLANNED_IMAGE_ID):
-                            hold.forget_on_release(PLANNED_IMAGE_ID)
-                        if params.encryption is not None:
-                            # Before the answer, after the image: a crash between the two leaves
-                            # an image without a passphrase, which the retry gives one (never a
-                            # second: create_key keeps one already kept).
-                            hold.ensure_held()
-                            self.encryption.settle(session, io, record.image_name, volume_id.encode(),
-                                                   params.encryption, request.source, request.secrets,
-                                                   params.tenant)
-                            failpoints.reach("create.after-key")
-                        # A new image's id ('' when librbd chose it: read then) is journaled
-                        # behind the answer.
-                        if made and request.metadata and record.pending_metadata() == dict(request.metadata):
-                            # A new image, and its owner keys are durable in the record: they go
-                            # to its header after the answer, with its id journaled and the
-                            # lease released (a crash first leaves the keys in the record, for a
-                            # retry or `cephcsi audit --repair`, the id unjournaled, which a retry
-                            # and every delete handle, and the lease to lapse).
-                            hold.journal_image_id_behind(record.image_name, image_id, metadata=request.metadata)
-                        else:
-                            self._settle_metadata(io, hold, record, {} if written else request.metadata, made,
-                                                  image_id)
-                            if record.image_id != image_id and not made:
-                                # Journaled with the lease's release (Hold.set_image_id_on_release).
-                                hold.set_image_id_on_release(image_id)
-                        return Volume(
-                            volume_id=volume_id,
-                            size=size,
-                            image_name=record.image_name,
-                            context=params.volume_context(record.image_name, cluster.rados_namespace),
-                        )
-                raise OperationInFlight(f"volume {request.name!r} is being deleted concurrently; retry")
+                        self.encryption.settle(session, io, record.image_name, volume_id.encode(),
+                                               params.encryption, request.source, request.secrets,
+                                               params.tenant)
+                        failpoints.reach("create.after-key")
+                    # A new image's id ('' when librbd chose it: read then) is journaled
+                    # behind the answer.
+                    if made and request.metadata and record.pending_metadata() == dict(request.metadata):
+                        # A new image, and its owner keys are durable in the record: they go
+                        # to its header after the answer, with its id journaled and the
+                        # lease released (a crash first leaves the keys in the record, for a
+                        # retry or `cephcsi audit --repair`, the id unjournaled, which a retry
+                        # and every delete handle, and the lease to lapse).
+                        hold.journal_image_id_behind(record.image_name, image_id, metadata=request.metadata)
+                    else:
+                        self._settle_metadata(io, hold, record, {} if written else request.metadata, made,
+                                              image_id)
+                        if record.image_id != image_id and not made:
+                            # Journaled with the lease's release (Hold.set_image_id_on_release).
+                            hold.set_image_id_on_release(image_id)
+                    return Volume(
+                        volume_id=volume_id,
+                        size=size,
+                        image_name=record.image_name,
+                        context=params.volume_context(record.image_name, cluster.rados_namespace),
+                    )
+            raise OperationInFlight(f"volume {request.name!r} is being deleted concurrently; retry")
 
     @staticmethod
     def _settle_metadata(io: Ioctx, hold: Hold, record: Record, metadata: Mapping[str, str], made: bool,

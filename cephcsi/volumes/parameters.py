@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cephcsi.encryption import spec as encryption
-from cephcsi.volumes import qos
+from cephcsi.volumes import qos, topology
 from cephcsi.encryption.spec import EncryptionSpec
 from cephcsi.errors import InvalidArgument
 
@@ -26,7 +26,7 @@ FSTYPE_KEY = "csi.storage.k8s.io/fstype"
 # Passed through to the node plugin unchanged; it validates them where they are used.
 NODE_KEYS = ("mounter", "mapOptions", "unmapOptions", "mkfsOptions")
 KNOWN_KEYS = ("clusterID", "pool", "dataPool", "imageFeatures", "imageFormat", "volumeNamePrefix", *NODE_KEYS,
-              *encryption.KEYS, *qos.KEYS)
+              topology.KEY, *encryption.KEYS, *qos.KEYS)
 TENANT_KEY = "csi.storage.k8s.io/pvc/namespace"
 """The claim's namespace: ceph-csi's volume Owner, the tenant of per-tenant KMS settings."""
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -44,6 +44,9 @@ class VolumeParameters:
     node_options: tuple[tuple[str, str], ...] = ()
     encryption: EncryptionSpec | None = None
     tenant: str = ""
+    topology_pools: tuple[topology.TopologyPool, ...] = ()
+    """`topologyConstrainedPools`: where a volume with accessibility requirements goes
+    (cephcsi.volumes.placement); `pool` keeps the rest."""
 
     @classmethod
     def parse(cls, parameters: Mapping[str, str]) -> VolumeParameters:
@@ -73,6 +76,11 @@ class VolumeParameters:
         # block (LUKS2) or file (fscrypt, set up by the node in the filesystem): the controller keeps
         # the passphrase the same way for both (cephcsi.volumes.encrypted).
         wanted = encryption.from_parameters(parameters)
+        pools = topology.parse(parameters[topology.KEY]) if parameters.get(topology.KEY) else ()
+        for entry in pools:
+            for value in (entry.pool, entry.data_pool):
+                if value and not _NAME.match(value):
+                    raise InvalidArgument(f"parameter {topology.KEY}: {value!r} is not a valid pool name")
         return cls(
             cluster_id=cluster_id,
             pool=pool,
@@ -83,6 +91,7 @@ class VolumeParameters:
             node_options=tuple((k, parameters[k]) for k in NODE_KEYS if parameters.get(k)),
             encryption=wanted,
             tenant=parameters.get(TENANT_KEY, ""),
+            topology_pools=pools,
         )
 
     def volume_context(self, image_name: str, rados_namespace: str) -> dict[str, str]:

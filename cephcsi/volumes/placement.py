@@ -1,0 +1,96 @@
+"""Which pool a CreateVolume journals and creates in, for a class with `topologyConstrainedPools`
+(cephcsi.volumes.topology): the parameters the ordinary create path then runs with.
+
+As ceph-csi ≥ 3.11 does, a new topology-constrained volume is an ordinary volume of its chosen
+pool: name key, record and image all there, the volume id naming that pool, so nothing but the
+pool choice differs from the create path every other volume takes (and its crash-safety is that
+path's). The split layout of older ceph-csi (name key in `pool`, image elsewhere) is still read,
+through the name key in `pool` (cephcsi.volumes.split_journal). Design: docs/topology.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from contextlib import ExitStack
+
+from cephcsi.ceph.connection import Ioctx, Session
+from cephcsi.errors import AlreadyExists, NotFound, ResourceExhausted
+from cephcsi.volumes import topology
+from cephcsi.volumes.parameters import VolumeParameters
+from cephcsi.volumes.topology import Requirements
+from cephcsi.volumes.volume_id import MalformedId, VolumeId
+
+HasName = Callable[[Ioctx], bool]
+"""Whether the request's name is reserved in the journal of the pool this handle opens."""
+
+
+def _reserved_in(session: Session, pools: list[str], has_name: HasName) -> str | None:
+    for pool in pools:
+        with ExitStack() as stack:
+            try:
+                io = stack.enter_context(session.ioctx(pool))
+            except NotFound:
+                continue  # a pool that does not exist holds no volume
+            if has_name(io):
+                return pool
+    return None
+
+
+def _in_pool(params: VolumeParameters, match: topology.Match) -> VolumeParameters:
+    # The topology pool's dataPool replaces the class's, also when it has none (as ceph-csi).
+    return dataclasses.replace(params, pool=match.pool.pool, data_pool=match.pool.data_pool)
+
+
+def _source_pool(session: Session, source_id: str) -> str | None:
+    try:
+        pool_id = VolumeId.decode(source_id).pool_id
+    except MalformedId:
+        return None  # the clone path refuses it with its own message
+    return session.pool_name(pool_id)
+
+
+def place(session: Session, params: VolumeParameters, requirements: Requirements | None,
+          source_id: str | None, has_name: HasName) -> VolumeParameters:
+    """The parameters to create with: `params` itself without topology pools or requirements
+    (ceph-csi uses the class's pool then), else those of the pool chosen for the requirements.
+
+    A name already reserved in the class's pool or any topology pool stays there, whatever the
+    requirements' order now says: a retry finds the volume its first attempt made or began.
+    A restore or clone goes to its source's pool (RBD clones stay in their parent's pool, as
+    ceph-csi's do), which must be a topology pool matching the requirements."""
+    if not params.topology_pools or requirements is None or requirements.empty:
+        return params
+    pools = params.topology_pools
+    names = [params.pool, *dict.fromkeys(p.pool for p in pools if p.pool != params.pool)]
+    reserved = _reserved_in(session, names, has_name)
+    if reserved == params.pool:
+        return params
+    if reserved is not None:
+        match = topology.match_pool(pools, requirements, reserved)
+        if match is None:
+            raise AlreadyExists(
+                f"the volume of this name already exists in pool {reserved!r}, whose domain segments do not match "
+                "the requested topology; delete it or request a topology that includes it"
+            )
+        return _in_pool(params, match)
+    if source_id is not None:
+        pool = _source_pool(session, source_id)
+        if pool is None:
+            return params
+        match = topology.match_pool(pools, requirements, pool)
+        if match is None:
+            raise ResourceExhausted(
+                f"the content source is in pool {pool!r}, which is not one of the {topology.KEY} whose domain "
+                "segments match the requested topology; a restore or clone stays in its source's pool"
+            )
+        return _in_pool(params, match)
+    return _in_pool(params, topology.choose(pools, requirements))
+
+
+def accessible(params: VolumeParameters, requirements: Requirements | None, pool: str) -> dict[str, str] | None:
+    """The accessible topology of a volume in `pool`: the requirement it matched, or None when
+    the class has no topology pools, the request no requirements, or `pool` is not among them."""
+    if not params.topology_pools or requirements is None:
+        return None
+    match = topology.match_pool(params.topology_pools, requirements, pool)
+    return match.segments if match is not None else None

@@ -1,0 +1,182 @@
+"""`topologyConstrainedPools` on the real cluster: a CreateVolume with accessibility requirements
+lands, journal and image, in the pool of the matching zone (ceph-csi ≥ 3.11's layout), a retry
+with the requirements reordered finds it, a restore stays in its source's pool, and a delete
+leaves neither pool anything of it. The pools are the suite's two (tests/ceph/cluster.sh):
+zone `a` → `pool2` with `pool` as its data pool, zone `b` → `pool`.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from cephcsi._generated import csi_pb2
+from cephcsi.volumes.volume_id import VolumeId
+from tests.ceph.fixtures import CephTestCluster
+from tests.integration.controller.helpers import create_request
+from tests.integration.controller.snapshot_helpers import from_snapshot, snapshot_request
+from tests.integration.driver import DriverProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.ceph]
+
+ZONE = "topology.rbd.csi.ceph.com/zone"
+
+
+@pytest.fixture(scope="module")
+def admin(ceph_cluster: CephTestCluster) -> Iterator[Any]:
+    import rados
+
+    client = rados.Rados(rados_id="admin", conf={"mon_host": ceph_cluster.mon_host, "key": ceph_cluster.admin_key})
+    client.connect(timeout=30)
+    yield client
+    client.shutdown()
+
+
+def _omap(admin: Any, pool: str, obj: str) -> dict[str, str]:
+    import rados
+
+    io = admin.open_ioctx(pool)
+    try:
+        with rados.ReadOpCtx() as op:
+            items, _ = io.get_omap_vals(op, "", "", -1)
+            try:
+                io.operate_read_op(op, obj)
+            except rados.ObjectNotFound:
+                return {}
+            return {k: v.decode() for k, v in items}
+    finally:
+        io.close()
+
+
+def _pools(cluster: CephTestCluster) -> str:
+    return json.dumps([
+        {"poolName": cluster.pool2, "dataPool": cluster.pool,
+         "domainSegments": [{"domainLabel": "region", "value": "r1"}, {"domainLabel": "zone", "value": "a"}]},
+        {"poolName": cluster.pool, "domainSegments": [{"domainLabel": "zone", "value": "b"}]},
+    ])
+
+
+def _zone(zone: str) -> csi_pb2.Topology:
+    return csi_pb2.Topology(segments={ZONE: zone, "topology.rbd.csi.ceph.com/region": "r1"})
+
+
+def _request(cluster: CephTestCluster, preferred: list[str], requisite: list[str], name: str | None = None,
+             pools: str | None = None) -> csi_pb2.CreateVolumeRequest:
+    request = create_request(cluster, name=name, topologyConstrainedPools=pools or _pools(cluster))
+    request.accessibility_requirements.preferred.extend(_zone(z) for z in preferred)
+    request.accessibility_requirements.requisite.extend(_zone(z) for z in requisite)
+    return request
+
+
+def _image_info(cluster: CephTestCluster, pool: str, image: str) -> dict[str, Any]:
+    info: dict[str, Any] = json.loads(cluster.admin("rbd", "info", "--format", "json", f"{pool}/{image}"))
+    return info
+
+
+def _entry(admin: Any, pool: str, name: str) -> tuple[str | None, dict[str, str]]:
+    value = _omap(admin, pool, "csi.volumes.default").get(f"csi.volume.{name}")
+    return value, (_omap(admin, pool, f"csi.volume.{value}") if value else {})
+
+
+def _delete(driver: DriverProcess, cluster: CephTestCluster, volume_id: str) -> None:
+    driver.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=cluster.secrets),
+                                   timeout=60)
+
+
+def _assert_gone(admin: Any, cluster: CephTestCluster, name: str, image: str) -> None:
+    for pool in (cluster.pool, cluster.pool2):
+        assert _entry(admin, pool, name) == (None, {}), pool
+        assert image not in json.loads(cluster.admin("rbd", "ls", "-p", pool, "--format", "json") or "[]"), pool
+
+
+def test_each_zone_lands_in_its_pool_a_retry_finds_it_and_delete_leaves_nothing(
+    driver: DriverProcess, ceph_cluster: CephTestCluster, admin: Any
+) -> None:
+    cluster = ceph_cluster
+    pool_ids = {pool: admin.pool_lookup(pool) for pool in (cluster.pool, cluster.pool2)}
+    # (preferred, requisite) → pool, data pool, accessible zone: preferred wins over requisite and
+    # over the order of the pools; requisite alone also chooses.
+    cases = [(["a", "b"], ["b"], cluster.pool2, cluster.pool, "a"),
+             (["b"], ["a", "b"], cluster.pool, "", "b"),
+             ([], ["c", "a"], cluster.pool2, cluster.pool, "a")]
+    for preferred, requisite, pool, data_pool, zone in cases:
+        request = _request(cluster, preferred, requisite)
+        volume = driver.controller.CreateVolume(request, timeout=60).volume
+        volume_id = VolumeId.decode(volume.volume_id)
+        image = volume.volume_context["imageName"]
+        assert volume_id.pool_id == pool_ids[pool]
+        assert volume.volume_context["pool"] == pool
+        assert volume.volume_context.get("dataPool", "") == data_pool
+        assert [dict(t.segments) for t in volume.accessible_topology] == [dict(_zone(zone).segments)]
+        # Journal and image in the chosen pool only (ceph-csi ≥ 3.11 journals there too).
+        value, record = _entry(admin, pool, request.name)
+        assert value == volume_id.object_uuid and record["csi.imagename"] == image
+        other = cluster.pool if pool == cluster.pool2 else cluster.pool2
+        assert _entry(admin, other, request.name) == (None, {})
+        info = _image_info(cluster, pool, image)
+        assert info.get("data_pool", "") == data_pool
+
+        # The retry of a provisioner whose node choice reordered the requirements: same volume.
+        retry = _request(cluster, list(reversed(preferred)), list(reversed(requisite)), name=request.name)
+        assert driver.controller.CreateVolume(retry, timeout=60).volume.volume_id == volume.volume_id
+        _delete(driver, cluster, volume.volume_id)
+        _assert_gone(admin, cluster, request.name, image)
+
+
+def test_no_matching_pool_is_resource_exhausted_and_reserves_nothing(
+    driver: DriverProcess, ceph_cluster: CephTestCluster, admin: Any
+) -> None:
+    request = _request(ceph_cluster, ["c"], ["c", "d"])
+    with pytest.raises(grpc.RpcError) as caught:
+        driver.controller.CreateVolume(request, timeout=60)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "topologyConstrainedPools" in (caught.value.details() or "")
+    for pool in (ceph_cluster.pool, ceph_cluster.pool2):
+        assert _entry(admin, pool, request.name) == (None, {})
+
+
+@pytest.mark.parametrize("pools, fragment", [
+    ("[{\"poolName\": ", "not valid JSON"),
+    ("[{\"domainSegments\": [{\"domainLabel\": \"zone\", \"value\": \"a\"}]}]", "poolName"),
+    ("[{\"poolName\": \"p\"}]", "domainSegments"),
+    ("[{\"poolName\": \"p\", \"domainSegments\": [{\"value\": \"a\"}]}]", "domainLabel"),
+], ids=["json", "poolName", "domainSegments", "domainLabel"])
+def test_a_malformed_parameter_is_invalid_argument(
+    driver: DriverProcess, ceph_cluster: CephTestCluster, pools: str, fragment: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        driver.controller.CreateVolume(_request(ceph_cluster, ["a"], [], pools=pools), timeout=60)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert fragment in (caught.value.details() or "")
+
+
+def test_a_restore_stays_in_its_sources_pool_or_is_refused(
+    driver: DriverProcess, ceph_cluster: CephTestCluster, admin: Any
+) -> None:
+    cluster = ceph_cluster
+    source = driver.controller.CreateVolume(_request(cluster, ["a"], ["a"]), timeout=60).volume
+    snapshot = driver.controller.CreateSnapshot(snapshot_request(cluster, source.volume_id), timeout=60).snapshot
+    try:
+        restore = from_snapshot(cluster, snapshot.snapshot_id)
+        restore.parameters["topologyConstrainedPools"] = _pools(cluster)
+        restore.accessibility_requirements.preferred.extend([_zone("b"), _zone("a")])
+        restored = driver.controller.CreateVolume(restore, timeout=60).volume
+        # Zone b is preferred, but the clone can only be in zone a's pool, where its parent is.
+        assert restored.volume_context["pool"] == cluster.pool2
+        assert [dict(t.segments) for t in restored.accessible_topology] == [dict(_zone("a").segments)]
+        _delete(driver, cluster, restored.volume_id)
+
+        elsewhere = from_snapshot(cluster, snapshot.snapshot_id)
+        elsewhere.parameters["topologyConstrainedPools"] = _pools(cluster)
+        elsewhere.accessibility_requirements.requisite.append(_zone("b"))
+        with pytest.raises(grpc.RpcError) as caught:
+            driver.controller.CreateVolume(elsewhere, timeout=60)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert _entry(admin, cluster.pool, elsewhere.name) == (None, {})
+    finally:
+        driver.controller.DeleteSnapshot(csi_pb2.DeleteSnapshotRequest(snapshot_id=snapshot.snapshot_id,
+                                                                       secrets=cluster.secrets), timeout=60)
+        _delete(driver, cluster, source.volume_id)

@@ -1,0 +1,103 @@
+"""topologyConstrainedPools: parsing, validation and ceph-csi's matching order (pure)."""
+import json
+
+import pytest
+
+from cephcsi._generated import csi_pb2
+from cephcsi.csi.controller import requirements_of
+from cephcsi.errors import InvalidArgument, ResourceExhausted
+from cephcsi.volumes import placement, topology
+from cephcsi.volumes.parameters import VolumeParameters
+from cephcsi.volumes.topology import Requirements, TopologyPool
+
+pytestmark = pytest.mark.unit
+
+POOLS = json.dumps([
+    {"poolName": "east", "dataPool": "east-ec",
+     "domainSegments": [{"domainLabel": "region", "value": "r1"}, {"domainLabel": "zone", "value": "a"}]},
+    {"poolName": "west", "domainSegments": [{"domainLabel": "zone", "value": "b"}]},
+])
+A = {"topology.rbd.csi.ceph.com/zone": "a", "topology.rbd.csi.ceph.com/region": "r1"}
+B = {"topology.rbd.csi.ceph.com/zone": "b"}
+C = {"topology.rbd.csi.ceph.com/zone": "c"}
+
+
+def test_parse_reads_pools_data_pools_and_segments_and_newlines() -> None:
+    pools = topology.parse(POOLS.replace(", ", ",\n"))
+    assert pools == (TopologyPool("east", "east-ec", (("region", "r1"), ("zone", "a"))),
+                     TopologyPool("west", "", (("zone", "b"),)))
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("{", "not valid JSON"),
+    ("[]", "non-empty list"),
+    ('{"poolName": "p"}', "non-empty list"),
+    ('["p"]', "[0] must be an object"),
+    ('[{"domainSegments": [{"domainLabel": "zone", "value": "a"}]}]', "[0].poolName"),
+    ('[{"poolName": "p"}]', "[0].domainSegments"),
+    ('[{"poolName": "p", "domainSegments": []}]', "[0].domainSegments"),
+    ('[{"poolName": "p", "domainSegments": [{"value": "a"}]}]', "domainLabel"),
+    ('[{"poolName": "p", "domainSegments": [{"domainLabel": "zone"}]}]', "value"),
+    ('[{"poolName": "p", "dataPool": 3, "domainSegments": [{"domainLabel": "zone", "value": "a"}]}]', "dataPool"),
+])
+def test_parse_refuses_what_is_wrong_by_name(text: str, fragment: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        topology.parse(text)
+    assert fragment in caught.value.message and topology.KEY in caught.value.message
+
+
+def test_a_pool_matches_when_every_segment_matches_by_the_key_after_its_slash() -> None:
+    east, west = topology.parse(POOLS)
+    assert east.matches(A) and not east.matches(B)
+    assert not east.matches({"topology.rbd.csi.ceph.com/zone": "a"})  # region missing
+    assert east.matches({"zone": "a", "other.io/region": "r1", "x/host": "n1"})
+    assert west.matches(B) and not west.matches(A)
+
+
+def test_preferred_topologies_come_before_requisite_and_each_tries_the_pools_in_order() -> None:
+    pools = topology.parse(POOLS)
+    chosen = topology.choose(pools, Requirements(preferred=(C, B), requisite=(A,)))
+    assert chosen.pool.pool == "west" and chosen.segments == B
+    chosen = topology.choose(pools, Requirements(requisite=(C, A, B)))
+    assert chosen.pool.pool == "east" and chosen.segments == A
+
+
+def test_no_match_is_resource_exhausted_naming_the_pools_and_the_request() -> None:
+    with pytest.raises(ResourceExhausted) as caught:
+        topology.choose(topology.parse(POOLS), Requirements(preferred=(C,), requisite=(C,)))
+    assert "east, west" in caught.value.message and "'c'" in caught.value.message
+
+
+def test_match_pool_checks_only_the_named_pool() -> None:
+    pools = topology.parse(POOLS)
+    requirements = Requirements(preferred=(B,), requisite=(A, B))
+    found = topology.match_pool(pools, requirements, "east")
+    assert found is not None and found.segments == A
+    assert topology.match_pool(pools, Requirements(requisite=(B,)), "east") is None
+    assert topology.match_pool(pools, requirements, "elsewhere") is None
+
+
+def test_parameters_carry_the_pools_and_refuse_bad_pool_names() -> None:
+    params = VolumeParameters.parse({"clusterID": "c", "pool": "rbd", topology.KEY: POOLS})
+    assert [p.pool for p in params.topology_pools] == ["east", "west"]
+    bad = POOLS.replace('"west"', '"we st"')
+    with pytest.raises(InvalidArgument, match="not a valid pool name"):
+        VolumeParameters.parse({"clusterID": "c", "pool": "rbd", topology.KEY: bad})
+
+
+def test_accessible_topology_is_the_matched_requirement_or_none() -> None:
+    params = VolumeParameters.parse({"clusterID": "c", "pool": "rbd", topology.KEY: POOLS})
+    requirements = Requirements(preferred=(A,))
+    assert placement.accessible(params, requirements, "east") == A
+    assert placement.accessible(params, requirements, "rbd") is None
+    assert placement.accessible(params, None, "east") is None
+    plain = VolumeParameters.parse({"clusterID": "c", "pool": "rbd"})
+    assert placement.accessible(plain, requirements, "east") is None
+
+
+def test_requirements_of_a_request() -> None:
+    request = csi_pb2.CreateVolumeRequest(name="n")
+    assert requirements_of(request) is None
+    request.accessibility_requirements.requisite.append(csi_pb2.Topology(segments=B))
+    request.accessibility_requirements.preferred.append(csi_pb2.Topology(segments=A))
+    assert requirements_of(request) == Requirements(preferred=(A,), requisite=(B,))
