@@ -7,7 +7,7 @@ zone `a` → `pool2` with `pool` as its data pool, zone `b` → `pool`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -16,7 +16,7 @@ import pytest
 from cephcsi._generated import csi_pb2
 from cephcsi.volumes.volume_id import VolumeId
 from tests.ceph.fixtures import CephTestCluster
-from tests.integration.controller.helpers import create_request
+from tests.integration.controller.helpers import create_request, until_ok
 from tests.integration.controller.snapshot_helpers import from_snapshot, snapshot_request
 from tests.integration.driver import DriverProcess
 
@@ -180,3 +180,27 @@ def test_a_restore_stays_in_its_sources_pool_or_is_refused(
         driver.controller.DeleteSnapshot(csi_pb2.DeleteSnapshotRequest(snapshot_id=snapshot.snapshot_id,
                                                                        secrets=cluster.secrets), timeout=60)
         _delete(driver, cluster, source.volume_id)
+
+
+def test_a_create_killed_after_its_reservation_is_finished_in_that_pool_whatever_the_retry_prefers(
+    fresh_driver: Callable[..., DriverProcess], ceph_cluster: CephTestCluster, admin: Any
+) -> None:
+    cluster = ceph_cluster
+    request = _request(cluster, ["a"], ["a", "b"])
+    crashing = fresh_driver({"CEPHCSI_FAILPOINTS": "create.after-reserve"})
+    with pytest.raises(grpc.RpcError) as caught:
+        crashing.controller.CreateVolume(request, timeout=60)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    reserved, _ = _entry(admin, cluster.pool2, request.name)
+    assert reserved is not None
+
+    # The rescheduled claim now prefers zone b: the name reserved in zone a's pool still wins,
+    # so one name never makes two volumes.
+    healthy = fresh_driver()
+    retry = _request(cluster, ["b"], ["b", "a"], name=request.name)
+    volume = until_ok(lambda: healthy.controller.CreateVolume(retry, timeout=60)).volume
+    assert volume.volume_context["pool"] == cluster.pool2 and volume.volume_id.endswith(reserved)
+    assert [dict(t.segments) for t in volume.accessible_topology] == [dict(_zone("a").segments)]
+    assert _entry(admin, cluster.pool, request.name) == (None, {})
+    _delete(healthy, cluster, volume.volume_id)
+    _assert_gone(admin, cluster, request.name, volume.volume_context["imageName"])
