@@ -127,6 +127,65 @@ def second_node(image: VmImage, cluster: CephTestCluster, first: VmNode) -> Iter
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+class SharedSecondNode:
+    """The second VM node of the modules that need two (tests/vm/test_concurrent_format.py,
+    test_fencing.py): booted once for all of them (a boot is 25-140 s under TCG), not once per
+    module. A module gets it with `env()`; each leaves it with nothing mapped or mounted. A node
+    that is gone (test_fencing.py's last test powers it off, which is why pytest_collection_modifyitems
+    runs the sharers last, in file order) or that a failed module left dirty is booted again."""
+
+    def __init__(self, image: VmImage, cluster: CephTestCluster, first: VmNode) -> None:
+        self.image, self.cluster, self.first = image, cluster, first
+        self.boots = 0
+        self._manager: contextlib.AbstractContextManager[VmEnv] | None = None
+        self._env: VmEnv | None = None
+
+    def env(self) -> VmEnv:
+        if self._env is not None and self._env.vm.running():
+            leftovers = self._leftovers(self._env)
+            if not leftovers:
+                return self._env
+            print(f"\nsecond VM node left dirty by an earlier module ({leftovers}): booted again")
+        self.close()
+        manager = second_node(self.image, self.cluster, self.first)
+        self._env = manager.__enter__()
+        self._manager = manager
+        self.boots += 1
+        return self._env
+
+    @staticmethod
+    def _leftovers(env: VmEnv) -> str:
+        mapped = env.mapped("krbd") + env.mapped("nbd")
+        mounts = env.vm.check(f"awk '$2 ~ \"^{KUBELET_DIR}/\" {{print $2}}' /proc/mounts", timeout=30).strip()
+        return "; ".join(part for part in (mapped, mounts) if part)
+
+    def close(self) -> None:
+        manager, self._manager, self._env = self._manager, None, None
+        if manager is not None:
+            manager.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="package")
+def shared_second_node(vm_image: VmImage, vm_cluster: CephTestCluster, vm_node: VmNode) -> Iterator[SharedSecondNode]:
+    shared = SharedSecondNode(vm_image, vm_cluster, vm_node)
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the tier's tests that share the second VM node last in the tier (in file order, so
+    test_fencing.py, which powers that node off, comes after test_concurrent_format.py): it is
+    then booted once, and no idle emulated CPU slows the one-node modules down meanwhile."""
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    places = [i for i, item in enumerate(items) if str(item.path).startswith(here)]
+    ours = [items[i] for i in places]
+    ordered = sorted(ours, key=lambda item: "shared_second_node" in getattr(item, "fixturenames", ()))
+    for i, item in zip(places, ordered):
+        items[i] = item
+
+
 @pytest.fixture(scope="package")
 def vm_node(vm_image: VmImage, vm_cluster: CephTestCluster) -> Iterator[VmNode]:
     workdir = tempfile.mkdtemp(prefix="vm-", dir="/tmp")

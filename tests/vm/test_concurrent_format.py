@@ -2,7 +2,7 @@
 first format of an "encryptionPrepared" volume runs under the volume's cluster lock
 (cephcsi.node.encrypted_stage), so exactly one node writes the LUKS header and the other opens it.
 
-Two real-kernel VM nodes (a second one is booted for this module), each with its own node plugin.
+Two real-kernel VM nodes (the tier's second node, tests/vm/conftest.py SharedSecondNode), each with its own node plugin.
 The test holds the volume's lock (`<volume id>-mutexlock`) from the host until both plugins have
 read the state "encryptionPrepared", mapped the image and are waiting for the lock — the race the
 lock exists for, made certain instead of left to timing — then releases it. Checked: both stages
@@ -11,22 +11,22 @@ LUKS UUID, the state is "encrypted", data written through one node's mapping is 
 other after it unstages and stages again, and no passphrase is in either log. Without the lock
 both nodes format (two headers, the first node's key lost).
 
-Cost: one more boot (25-140 s under TCG) and about a minute and a half of calls."""
+Cost: the second node's boot (25-140 s under TCG), shared with test_fencing.py, and about a minute
+and a half of calls."""
 from __future__ import annotations
 
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import grpc
 import pytest
 
 from cephcsi._generated import csi_pb2
-from tests.ceph.fixtures import CephTestCluster
-from tests.vm.conftest import VmEnv, VmVolume, second_node
+from tests.vm.conftest import SharedSecondNode, VmEnv, VmVolume
 from tests.vm.guestio import read_payload, stage_record, write_payload
-from tests.vm.machine import VmImage, VmNode, scaled
+from tests.vm.machine import scaled
 from tests.vm.plugin import GuestPlugin
 
 pytestmark = [pytest.mark.vm, pytest.mark.ceph, pytest.mark.timeout(900)]
@@ -40,9 +40,8 @@ RWX_BLOCK = Cap(block=Cap.BlockVolume(), access_mode=Cap.AccessMode(mode=Cap.Acc
 
 
 @pytest.fixture(scope="module")
-def other_env(vm_image: VmImage, vm_cluster: CephTestCluster, vm_node: VmNode) -> Iterator[VmEnv]:
-    with second_node(vm_image, vm_cluster, vm_node) as env:
-        yield env
+def other_env(shared_second_node: SharedSecondNode) -> VmEnv:
+    return shared_second_node.env()
 
 
 def stage(volume: VmVolume, staging: str) -> None:

@@ -1,11 +1,11 @@
 """Node loss on real kernels (issue 34): a hung node is fenced, another node takes its ReadWriteOnce
 volume over with every acknowledged byte, and the fenced node's later writes never reach the image.
 
-Two VM nodes: A (booted for this module) and B (the tier's node). The real controller path: the
-test control plane (etcd + kube-apiserver) with Node and CSINode objects for both VMs and a
-`cephcsi --mode=controller` whose embedded attacher publishes the VolumeAttachments the test
-creates as kube-controller-manager would (no kubelet runs in the VMs; the test makes the kubelet's
-node calls). For krbd (`exclusive`) and rbd-nbd (`--exclusive`):
+Two VM nodes: A (the tier's second node, shared with test_concurrent_format.py) and B (the tier's
+node). The real controller path: the test control plane (etcd + kube-apiserver) with Node and
+CSINode objects for both VMs and a `cephcsi --mode=controller` whose embedded attacher publishes
+the VolumeAttachments the test creates as kube-controller-manager would (no kubelet runs in the
+VMs; the test makes the kubelet's node calls). For krbd (`exclusive`) and rbd-nbd (`--exclusive`):
 
 1. attached to A, staged and published there; a writer on A fsyncs numbered records;
 2. A hangs (its qemu SIGSTOPped: unlike a power-off, its mapping and page cache survive and it
@@ -23,8 +23,9 @@ node calls). For krbd (`exclusive`) and rbd-nbd (`--exclusive`):
 Last (it kills node A): the hard power-off groundwork, a dead node's watch outliving the
 power-off until the OSD's watch timeout.
 
-Cost: one more boot (25-140 s under TCG), the control plane if no earlier test started it
-(~10 s), about 1.5 minutes per mapper and a minute for the power-off test.
+Cost: the second node's boot if test_concurrent_format.py did not boot it (25-140 s under TCG),
+the control plane if no earlier test started it (~10 s), about 1.5 minutes per mapper and a minute
+for the power-off test.
 """
 from __future__ import annotations
 
@@ -47,11 +48,11 @@ from cephcsi.ceph.publish_keys import NODE_ADDRESSES
 from tests.ceph.fixtures import CephTestCluster
 from tests.controlplane.cluster import ControlPlane
 from tests.integration.sidecars.harness import FAST_ELECTION, ControllerProcess, Kube, wait_for
-from tests.vm.conftest import MiB, VmEnv, VmVolume, mount_cap, second_node
+from tests.vm.conftest import MiB, SharedSecondNode, VmEnv, VmVolume, mount_cap
 from tests.vm.guestio import acknowledged, kubelet_mounts, read_payload, stage_record, wait_for_progress, write_payload
-from tests.vm.machine import VmImage, VmNode, scaled
+from tests.vm.machine import VmNode, scaled
 
-# 900 s: the first test also waits for the second VM to boot under TCG.
+# 900 s: the first test may also wait for the second VM to boot under TCG.
 pytestmark = [pytest.mark.vm, pytest.mark.ceph, pytest.mark.kube, pytest.mark.timeout(900)]
 
 DRIVER = "rbd.csi.ceph.com"
@@ -63,9 +64,8 @@ WATCH_TIMEOUT_S = 30  # osd_client_watch_timeout's default; the test cluster kee
 
 
 @pytest.fixture(scope="module")
-def node_a(vm_image: VmImage, vm_cluster: CephTestCluster, vm_node: VmNode) -> Iterator[VmEnv]:
-    with second_node(vm_image, vm_cluster, vm_node) as env:
-        yield env
+def node_a(shared_second_node: SharedSecondNode) -> VmEnv:
+    return shared_second_node.env()
 
 
 @dataclass
