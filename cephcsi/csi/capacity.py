@@ -17,6 +17,7 @@ from cephcsi.csi.capabilities import unsupported_reason
 from cephcsi.csi.rpc import ServicerBase, rpc
 from cephcsi.errors import FailedPrecondition, InvalidArgument, NotFound
 from cephcsi.observability.logging import fields
+from cephcsi.volumes import placement
 from cephcsi.volumes.manager import VolumeManager
 from cephcsi.volumes.parameters import VolumeParameters
 
@@ -55,7 +56,12 @@ class CapacityRpcs(ServicerBase):
             return csi_pb2.GetCapacityResponse(available_capacity=0)
         if not _capabilities_possible(request.volume_capabilities):
             return csi_pb2.GetCapacityResponse(available_capacity=0)
-        params = VolumeParameters.parse(request.parameters)
+        parsed = VolumeParameters.parse(request.parameters)
+        # A class with topologyConstrainedPools: the pool of the segment asked about.
+        segments = dict(request.accessible_topology.segments) if request.HasField("accessible_topology") else None
+        params = placement.for_segment(parsed, segments)
+        if params is None:
+            return csi_pb2.GetCapacityResponse(available_capacity=0)
         try:
             cluster = self.volumes.clusters.get(params.cluster_id)
         except NotFound as error:

@@ -94,3 +94,13 @@ def accessible(params: VolumeParameters, requirements: Requirements | None, pool
         return None
     match = topology.match_pool(params.topology_pools, requirements, pool)
     return match.segments if match is not None else None
+
+
+def for_segment(params: VolumeParameters, segments: dict[str, str] | None) -> VolumeParameters | None:
+    """The parameters a volume created in `segments` (GetCapacity's accessible topology) would
+    get: `params` without topology pools or segments, None when no topology pool matches them
+    (nothing can be provisioned there)."""
+    if not params.topology_pools or not segments:
+        return params
+    match = topology.match_first(params.topology_pools, Requirements(requisite=(segments,)))
+    return _in_pool(params, match) if match is not None else None

@@ -98,7 +98,8 @@ def parse(text: str) -> tuple[TopologyPool, ...]:
     return tuple(pools)
 
 
-def _first(pools: Sequence[TopologyPool], requirements: Requirements) -> Match | None:
+def match_first(pools: Sequence[TopologyPool], requirements: Requirements) -> Match | None:
+    """The first pool matching a requirement topology, preferred ones first; None if none."""
     for topology in (*requirements.preferred, *requirements.requisite):
         for pool in pools:
             if pool.matches(topology):
@@ -113,7 +114,7 @@ def _describe(requirements: Requirements) -> str:
 def choose(pools: Sequence[TopologyPool], requirements: Requirements) -> Match:
     """The pool for a new volume: ResourceExhausted when none matches (CSI's code for "cannot be
     provisioned in this topology"; the provisioner then lets the scheduler pick another node)."""
-    found = _first(pools, requirements)
+    found = match_first(pools, requirements)
     if found is None:
         raise ResourceExhausted(
             f"none of the pools of {KEY} ({', '.join(p.pool for p in pools)}) has domain segments matching the "
@@ -126,4 +127,4 @@ def choose(pools: Sequence[TopologyPool], requirements: Requirements) -> Match:
 def match_pool(pools: Sequence[TopologyPool], requirements: Requirements, pool: str) -> Match | None:
     """`pool` against the requirements, when it is one of the pools (else None): where a volume
     that already exists, or the snapshot a restore reads, lives."""
-    return _first([p for p in pools if p.pool == pool], requirements)
+    return match_first([p for p in pools if p.pool == pool], requirements)

@@ -126,7 +126,7 @@ def test_a_quota_caps_the_capacity_and_the_data_pool_is_what_counts(
     ({"clusterID": "test-cluster"}, "parameter pool is required"),
     ({"clusterID": "no-such-cluster", "pool": "rbd"}, "parameter clusterID: clusterID 'no-such-cluster'"),
     ({"clusterID": "test-cluster", "pool": "no-such-pool"}, "parameter pool: pool 'no-such-pool' does not exist"),
-    ({"clusterID": "test-cluster", "pool": "rbd", "topologyConstrainedPools": "[]"}, "unknown parameter"),
+    ({"clusterID": "test-cluster", "pool": "rbd", "topologyConstrainedPools": "[]"}, "parameter topologyConstrainedPools: must be a non-empty list"),
 ])
 def test_a_class_no_volume_could_come_from_is_invalid(controller: ControllerServicer, ceph_cluster: CephTestCluster,
                                                       parameters: dict[str, str], names: str) -> None:

@@ -101,3 +101,15 @@ def test_requirements_of_a_request() -> None:
     request.accessibility_requirements.requisite.append(csi_pb2.Topology(segments=B))
     request.accessibility_requirements.preferred.append(csi_pb2.Topology(segments=A))
     assert requirements_of(request) == Requirements(preferred=(A,), requisite=(B,))
+
+
+def test_capacity_of_a_segment_is_asked_of_its_pool() -> None:
+    params = VolumeParameters.parse({"clusterID": "c", "pool": "rbd", "dataPool": "rbd-ec", topology.KEY: POOLS})
+    east = placement.for_segment(params, A)
+    assert east is not None and (east.pool, east.data_pool) == ("east", "east-ec")
+    west = placement.for_segment(params, B)
+    assert west is not None and (west.pool, west.data_pool) == ("west", "")
+    assert placement.for_segment(params, C) is None
+    assert placement.for_segment(params, None) is params
+    plain = VolumeParameters.parse({"clusterID": "c", "pool": "rbd"})
+    assert placement.for_segment(plain, C) is plain
