@@ -398,25 +398,28 @@ class VolumeManager:
             self.inline_purges)
 
     def find(self, name: str, parameters: VolumeParameters, credentials: Credentials) -> str | None:
-        """The id of the volume journaled under request `name` in the parameters' pool, or None.
+        """The id of the volume journaled under request `name` in the parameters' pool (or, for
+        a class with topologyConstrainedPools, in any of its pools), or None.
 
         Read-only (CreateVolume would create a missing volume): the provisioner uses it to clean
         up a volume whose claim was deleted before its PV existed. A missing pool means no volume."""
         cluster = self.clusters.get(parameters.cluster_id)
+        pools = dict.fromkeys([parameters.pool, *(p.pool for p in parameters.topology_pools)])
         with self.name_locks.hold(name), self.connections.session(cluster, credentials) as session:
-            try:
-                with session.ioctx(parameters.pool) as io:
-                    pool_id = io.get_pool_id()
-                    raw = self._find_uuid(self._journal(io), name)
-            except NotFound:
-                return None
-        if not raw:
-            return None
-        value = parse_name_value(raw, f"name key of {name!r} in pool {parameters.pool!r}")
-        if value.elsewhere(pool_id):
-            assert value.image_pool_id is not None
-            pool_id = value.image_pool_id
-        return VolumeId(parameters.cluster_id, pool_id, value.uuid).encode()
+            for pool in pools:
+                try:
+                    with session.ioctx(pool) as io:
+                        pool_id = io.get_pool_id()
+                        raw = self._find_uuid(self._journal(io), name)
+                except NotFound:
+                    continue
+                if raw:
+                    value = parse_name_value(raw, f"name key of {name!r} in pool {pool!r}")
+                    if value.elsewhere(pool_id):
+                        assert value.image_pool_id is not None
+                        pool_id = value.image_pool_id
+                    return VolumeId(parameters.cluster_id, pool_id, value.uuid).encode()
+        return None
 
     @staticmethod
     def _find_uuid(journal: Journal, name: str) -> str | None:

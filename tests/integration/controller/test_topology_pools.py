@@ -204,3 +204,31 @@ def test_a_create_killed_after_its_reservation_is_finished_in_that_pool_whatever
     assert _entry(admin, cluster.pool, request.name) == (None, {})
     _delete(healthy, cluster, volume.volume_id)
     _assert_gone(admin, cluster, request.name, volume.volume_context["imageName"])
+
+
+def test_the_provisioners_find_looks_in_every_topology_pool(
+    driver: DriverProcess, ceph_cluster: CephTestCluster, config_file: str
+) -> None:
+    """A claim deleted before its PV existed: the provisioner finds the volume by name to delete it."""
+    from cephcsi.ceph.credentials import Credentials
+    from cephcsi.ceph.leases import LeaseKeeper
+    from cephcsi.cli.wiring import build_controller
+    from cephcsi.config.clusters import ClusterRegistry
+    from cephcsi.settings import Settings
+    from cephcsi.volumes.parameters import VolumeParameters
+
+    request = _request(ceph_cluster, ["a"], [])
+    volume = driver.controller.CreateVolume(request, timeout=60).volume
+    keeper = LeaseKeeper()
+    servicer = build_controller(Settings(mode="controller", config_file=config_file),
+                                ClusterRegistry(config_file), keeper)
+    try:
+        found = servicer.volumes.find(request.name, VolumeParameters.parse(request.parameters),
+                                      Credentials.from_secrets(ceph_cluster.secrets))
+        assert found == volume.volume_id
+        assert servicer.volumes.find("pvc-none", VolumeParameters.parse(request.parameters),
+                                     Credentials.from_secrets(ceph_cluster.secrets)) is None
+    finally:
+        servicer.volumes.connections.close_all()
+        keeper.drain(5)
+        _delete(driver, ceph_cluster, volume.volume_id)
