@@ -19,7 +19,7 @@ from cephcsi.kube.events import NORMAL
 from cephcsi.observability.logging import fields, request_scope
 from cephcsi.sidecars import objects
 from cephcsi.sidecars.objects import KubeObject
-from cephcsi.sidecars.snapshotter.content import NOT_FINAL, RESERVED, ContentWorker, NotReady, SnapshotterContext, ours
+from cephcsi.sidecars.snapshotter.content import RESERVED, ContentWorker, NotReady, SnapshotterContext, ours
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,8 @@ class GroupContentWorker(ContentWorker):
             content = self.ctx.contents.get(name)
             if content is None or not ours(content, self.ctx.driver_name):
                 return
-            if objects.deleting(content):
+            deleting = objects.deleting(content)
+            if deleting:
                 if should_delete(content):
                     self.delete(content)
                     return
@@ -163,42 +164,49 @@ class GroupContentWorker(ContentWorker):
                 # A create left unanswered (a timeout, a crash) holds the deletion back until it
                 # is answered: asked again (idempotent by name) as csi-snapshotter does, so the
                 # group is recorded and then deleted instead of the content staying for ever.
-            if (content.get("status") or {}).get("readyToUse"):
-                if BEING_CREATED in objects.annotations_of(content):
-                    # Left by a crash between the status write and its removal.
-                    self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {BEING_CREATED: None}}})
-                return
-            source = objects.spec(content).get("source") or {}
-            if source.get("groupSnapshotHandles"):
-                self.import_group(content, source["groupSnapshotHandles"])
-            elif source.get("volumeHandles"):
-                self.create(content)
+            latest = self._record(content)
+            if deleting and latest is not None and should_delete(latest):
+                # In this pass, from the objects the writes returned: the last write (dropping
+                # being-created) is own bookkeeping whose watch event re-queues nothing, so
+                # nothing else would come back to delete before the resync.
+                self.delete(latest)
+
+    def _record(self, content: KubeObject) -> KubeObject | None:
+        """Create or import the group; the content as the last write returned it (None when
+        nothing was written or the content is gone)."""
+        name = objects.name(content)
+        if (content.get("status") or {}).get("readyToUse"):
+            if BEING_CREATED in objects.annotations_of(content):
+                # Left by a crash between the status write and its removal.
+                return self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {BEING_CREATED: None}}})
+            return None
+        source = objects.spec(content).get("source") or {}
+        if source.get("groupSnapshotHandles"):
+            self.import_group(content, source["groupSnapshotHandles"])
+        elif source.get("volumeHandles"):
+            return self.create(content)
+        return None
 
     # ---- dynamic ---------------------------------------------------------------------------
 
-    def create(self, content: KubeObject) -> None:
+    def create(self, content: KubeObject) -> KubeObject | None:
+        """CreateVolumeGroupSnapshot; the content as the last write returned it."""
         name = objects.name(content)
-        try:
+
+        def request() -> csi_pb2.CreateVolumeGroupSnapshotRequest:
             class_parameters = self._class_parameters(content)
-            request = csi_pb2.CreateVolumeGroupSnapshotRequest(
+            return csi_pb2.CreateVolumeGroupSnapshotRequest(
                 name=group_snapshot_name(content),
                 source_volume_ids=[str(v) for v in objects.spec(content)["source"]["volumeHandles"]],
                 parameters=create_parameters(class_parameters, content, self.ctx.extra_create_metadata),
                 secrets=self._secrets(content, class_parameters, (SECRET_NAME, SECRET_NAMESPACE)),
             )
-            # Set before the call and kept until the answer is final: a content deleted
-            # meanwhile is not released while the group may exist unrecorded.
-            if BEING_CREATED not in objects.annotations_of(content):
-                self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {BEING_CREATED: "yes"}}})
-            response = self.ctx.calls.run("CreateVolumeGroupSnapshot", request.name,
-                                          lambda: self.groups.CreateVolumeGroupSnapshot(request, None), self.stop)
-        except CephCSIError as error:
-            self._failed(content, "GroupSnapshotCreationFailed", error, final=error.code not in NOT_FINAL)
-            raise
+        response = self._ask_create(content, "GroupSnapshotCreationFailed", "CreateVolumeGroupSnapshot", request,
+                                    lambda r: r.name, lambda r: self.groups.CreateVolumeGroupSnapshot(r, None))
         group = response.group_snapshot
         self.ctx.snapshots.patch_content_status(name, status_of(group))
         # The group is cut and recorded: whatever its readiness, nothing can leak any more.
-        self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {BEING_CREATED: None}}})
+        latest = self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {BEING_CREATED: None}}})
         if not group.ready_to_use:
             raise NotReady(f"group snapshot {group.group_snapshot_id} of VolumeGroupSnapshotContent {name} is not "
                            "ready to use yet; checking again")
@@ -206,6 +214,7 @@ class GroupContentWorker(ContentWorker):
                               f"Created group snapshot {group.group_snapshot_id} of {len(group.snapshots)} volumes")
         log.info("group snapshot created", extra=fields(content=name, group_snapshot=group.group_snapshot_id,
                                                          members=len(group.snapshots)))
+        return latest
 
     # ---- pre-provisioned ---------------------------------------------------------------------
 

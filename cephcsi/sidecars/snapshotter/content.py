@@ -8,7 +8,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -42,6 +42,9 @@ GROUP_HANDLE_ANNOTATION = "groupsnapshot.storage.k8s.io/volumeGroupSnapshotHandl
 # csi-snapshotter's isCSIFinalError: everything else means "retrying cannot help".
 NOT_FINAL = {grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
              grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED}
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
 
 
 class NotReady(OperationInFlight):
@@ -178,31 +181,29 @@ class ContentWorker:
 
     # ---- dynamic ---------------------------------------------------------------------------
 
-    def create(self, content: KubeObject) -> None:
+    def create(self, content: KubeObject) -> KubeObject | None:
+        """CreateSnapshot; the content as the last write returned it."""
         name = objects.name(content)
-        if BEING_CREATED not in objects.annotations_of(content):
-            self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {BEING_CREATED: "yes"}}})
-        try:
+
+        def request() -> csi_pb2.CreateSnapshotRequest:
             class_parameters = self._class_parameters(content)
-            request = csi_pb2.CreateSnapshotRequest(
+            return csi_pb2.CreateSnapshotRequest(
                 name=snapshot_name(content),
                 source_volume_id=str(objects.spec(content)["source"]["volumeHandle"]),
                 parameters=create_parameters(class_parameters, content, self.ctx.extra_create_metadata),
                 secrets=self._secrets(content, class_parameters, (SECRET_NAME, SECRET_NAMESPACE)),
             )
-            response = self.ctx.calls.run("CreateSnapshot", request.name,
-                                          lambda: self.ctx.controller.CreateSnapshot(request, None), self.stop)
-        except CephCSIError as error:
-            self._failed(content, "SnapshotCreationFailed", error, final=error.code not in NOT_FINAL)
-            raise
+        response = self._ask_create(content, "SnapshotCreationFailed", "CreateSnapshot", request,
+                                    lambda r: r.name, lambda r: self.ctx.controller.CreateSnapshot(r, None))
         snapshot = response.snapshot
         self.ctx.snapshots.patch_content_status(name, status_of(snapshot))
         if not snapshot.ready_to_use:
             raise NotReady(f"snapshot {snapshot.snapshot_id} of VolumeSnapshotContent {name} is not ready to use yet "
                            "(its clone chain is being flattened); checking again")
-        self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {BEING_CREATED: None}}})
+        latest = self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {BEING_CREATED: None}}})
         self.ctx.events.event(content, NORMAL, "SnapshotCreated", f"Created snapshot {snapshot.snapshot_id}")
         log.info("snapshot created", extra=fields(content=name, snapshot=snapshot.snapshot_id))
+        return latest
 
     # ---- pre-provisioned ---------------------------------------------------------------------
 
@@ -288,9 +289,31 @@ class ContentWorker:
         name, namespace = annotations.get(self.deletion_secret[0], ""), annotations.get(self.deletion_secret[1], "")
         return self.ctx.api.read_secret(namespace, name) if name and namespace else {}
 
+    def _ask_create(self, content: KubeObject, reason: str, method: str, build: Callable[[], Request],
+                    name_of: Callable[[Request], str], send: Callable[[Request], Response]) -> Response:
+        """The create call with the being-created bookkeeping of csi-snapshotter (v8.7): the
+        annotation is set once the request is built and before it is sent, and only a final
+        answer of the driver to that call drops it. A request that cannot be built (class,
+        binding or secret gone) is no answer: an earlier attempt may have been cut and never
+        answered, and dropping the annotation then would let a deleting content go without its
+        Delete call, leaking the snapshot in Ceph. It is recorded and retried with backoff."""
+        try:
+            request = build()
+        except CephCSIError as error:
+            self._failed(content, reason, error, final=False)
+            raise
+        if self.being_created not in objects.annotations_of(content):
+            self.ctx.snapshots.patch_content(objects.name(content), {"metadata": {"annotations": {self.being_created: "yes"}}})
+        try:
+            return self.ctx.calls.run(method, name_of(request), lambda: send(request), self.stop)
+        except CephCSIError as error:
+            self._failed(content, reason, error, final=error.code not in NOT_FINAL)
+            raise
+
     def _failed(self, content: KubeObject, reason: str, error: CephCSIError, final: bool) -> None:
-        """Event and status.error; `final` (create only) also drops the being-created annotation,
-        which create() set before the call even when the cached `content` predates it."""
+        """Event and status.error; `final` (a final answer of the create call only) also drops
+        the being-created annotation, which _ask_create set before the call even when the
+        cached `content` predates it."""
         if isinstance(error, NotReady):
             return
         name = objects.name(content)

@@ -206,6 +206,20 @@ def test_a_missing_class_fails_before_any_csi_call() -> None:
     assert c.BEING_CREATED not in s.now()["metadata"]["annotations"]
 
 
+@pytest.mark.parametrize("lost", ["class", "secret"])
+def test_a_create_whose_input_is_gone_keeps_the_being_created_of_an_earlier_attempt(lost: str) -> None:
+    # An earlier CreateSnapshot timed out (the snapshot may be cut) and then the class or the
+    # secret went: no answer of the driver, so the snapshot-controller must keep waiting.
+    s = Setup(content(annotations={c.BEING_CREATED: "yes"}), classes={} if lost == "class" else None)
+    if lost == "secret":
+        del s.kube.secrets[("ns", "snap-snap")]
+    with pytest.raises(errors.CephCSIError) as raised:
+        s.worker.process("snapcontent-1")
+    now = s.now()
+    assert c.BEING_CREATED in now["metadata"]["annotations"] and not s.controller.created
+    assert now["status"]["error"]["message"] == raised.value.message and s.warnings() == ["SnapshotCreationFailed"]
+
+
 def test_the_same_error_is_not_written_again() -> None:
     s = Setup(content(), controller=FakeSnapshotController(errors.Unavailable("mon unreachable")))
     for _attempt in range(3):

@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+import grpc
 import pytest
 
 from cephcsi import errors
@@ -170,22 +171,73 @@ def test_delete_policy_deletes_the_group_with_its_members_then_releases_the_fina
     assert "volumeGroupSnapshotHandle" not in now["status"] and now["metadata"]["finalizers"] == []
 
 
-@pytest.mark.parametrize("annotations", [{g.BEING_DELETED: "yes", g.BEING_CREATED: "yes"}, {}],
-                         ids=["create unanswered", "snapshot-controller did not ask"])
-def test_no_delete_while_a_create_is_unanswered_or_unasked(annotations: dict[str, str]) -> None:
-    s = GroupSetup(group_content(deleting=True, status=dict(CUT), annotations=annotations))
+def test_no_delete_while_the_create_asked_again_is_still_unanswered() -> None:
+    s = GroupSetup(group_content(deleting=True, annotations={g.BEING_DELETED: "yes", g.BEING_CREATED: "yes"}),
+                   groups=FakeGroupController(errors.DeadlineExceeded("CreateVolumeGroupSnapshot timed out")))
+    with pytest.raises(errors.DeadlineExceeded):
+        s.worker.process("groupsnapcontent-1")
+    now = s.now()
+    assert len(s.groups.created) == 1 and not s.groups.deleted and now["metadata"]["finalizers"] == [g.BOUND_FINALIZER]
+    assert g.BEING_CREATED in now["metadata"]["annotations"]
+
+
+def test_no_delete_until_the_snapshot_controller_asks() -> None:
+    s = GroupSetup(group_content(deleting=True, status=dict(CUT)))
     s.worker.process("groupsnapcontent-1")
     assert not s.groups.deleted and s.now()["metadata"]["finalizers"] == [g.BOUND_FINALIZER]
 
 
-def test_a_deleted_content_with_an_unanswered_create_asks_again_then_deletes() -> None:
+def test_a_deleted_content_with_an_unanswered_create_asks_again_then_deletes_in_the_same_pass() -> None:
+    # Dropping being-created is own bookkeeping: its watch event re-queues nothing, so a second
+    # pass would only come with the resync (600 s). One process() call must do both.
     s = GroupSetup(group_content(deleting=True, annotations={g.BEING_DELETED: "yes", g.BEING_CREATED: "yes", **DELETION}))
     s.worker.process("groupsnapcontent-1")
-    assert len(s.groups.created) == 1 and not s.groups.deleted, "the create is answered first"
-    assert g.BEING_CREATED not in s.now()["metadata"]["annotations"]
+    assert len(s.groups.created) == 1, "the create is answered first"
+    (request,) = s.groups.deleted
+    assert request.group_snapshot_id == GROUP_HANDLE and list(request.snapshot_ids) == ["snap-id-1", "snap-id-2"]
+    assert s.now()["metadata"]["finalizers"] == []
+
+
+def test_a_deleted_content_left_ready_by_a_crash_is_deleted_in_the_same_pass() -> None:
+    s = GroupSetup(group_content(deleting=True, status=dict(CUT),
+                                 annotations={g.BEING_DELETED: "yes", g.BEING_CREATED: "yes", **DELETION}))
     s.worker.process("groupsnapcontent-1")
+    assert not s.groups.created, "the status already records the group"
     (request,) = s.groups.deleted
     assert request.group_snapshot_id == GROUP_HANDLE and s.now()["metadata"]["finalizers"] == []
+
+
+def test_a_deleted_content_whose_answer_is_not_ready_is_deleted_on_the_retry() -> None:
+    s = GroupSetup(group_content(deleting=True, annotations={g.BEING_DELETED: "yes", g.BEING_CREATED: "yes", **DELETION}),
+                   groups=FakeGroupController(False))
+    with pytest.raises(c.NotReady):
+        s.worker.process("groupsnapcontent-1")
+    assert not s.groups.deleted and s.now()["status"]["volumeGroupSnapshotHandle"] == GROUP_HANDLE
+    s.worker.process("groupsnapcontent-1")  # the backoff retry the NotReady asks for
+    assert len(s.groups.deleted) == 1 and len(s.groups.created) == 1 and s.now()["metadata"]["finalizers"] == []
+
+
+@pytest.mark.parametrize("lost", ["class", "secret", "binding"])
+def test_a_deleted_content_whose_create_input_is_gone_keeps_being_created(lost: str) -> None:
+    # The namespace went with the VolumeGroupSnapshot and its secret (or the class went) while
+    # an earlier create was unanswered: the group may exist in Ceph, so the content must not be
+    # released without DeleteVolumeGroupSnapshot.
+    annotations = {g.BEING_DELETED: "yes", g.BEING_CREATED: "yes", **DELETION}
+    ref = {"name": "backup", "namespace": "ns"} if lost == "binding" else {"name": "backup", "namespace": "ns", "uid": "g-1"}
+    s = GroupSetup(group_content(deleting=True, annotations=annotations, volumeGroupSnapshotRef=ref))
+    if lost == "class":
+        s.api.classes.clear()
+    elif lost == "secret":
+        del s.kube.secrets[("ns", "group-backup")]
+    for _attempt in range(2):
+        with pytest.raises(errors.CephCSIError) as raised:
+            s.worker.process("groupsnapcontent-1")
+        assert raised.value.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+    now = s.now()
+    assert g.BEING_CREATED in now["metadata"]["annotations"], "no answer of the driver: the annotation stays"
+    assert now["metadata"]["finalizers"] == [g.BOUND_FINALIZER] and not s.groups.created and not s.groups.deleted
+    assert now["status"]["error"]["message"] == raised.value.message
+    assert s.events.reasons() == ["GroupSnapshotCreationFailed"] * 2
 
 
 def test_retain_keeps_the_group_and_releases_the_finalizer() -> None:
