@@ -93,14 +93,17 @@ def group_member(content: Mapping[str, Any]) -> bool:
 
 
 def should_delete(content: Mapping[str, Any]) -> bool:
-    """csi-snapshotter's shouldDelete: only once the snapshot-controller asked for it."""
+    """csi-snapshotter's shouldDelete: an unbound pre-provisioned content at once; otherwise only
+    once the snapshot-controller asked (being-deleted) and no CreateSnapshot is still unanswered
+    (being-created: the snapshot may exist without the content knowing its handle)."""
     if not objects.deleting(content):
         return False
     spec = objects.spec(content)
     unbound = not (spec.get("volumeSnapshotRef") or {}).get("uid")
     if (spec.get("source") or {}).get("snapshotHandle") and unbound:
         return True
-    return BEING_DELETED in objects.annotations_of(content)
+    annotations = objects.annotations_of(content)
+    return BEING_CREATED not in annotations and BEING_DELETED in annotations
 
 
 def resolve_template(text: str, content: Mapping[str, Any]) -> str:
@@ -163,6 +166,8 @@ class ContentWorker:
             if objects.deleting(content):
                 if should_delete(content):
                     self.delete(content)
+                elif BEING_CREATED in objects.annotations_of(content):
+                    self._answer_then_delete(content)
                 return
             status = content.get("status") or {}
             if status.get("readyToUse"):
@@ -178,6 +183,23 @@ class ContentWorker:
                 self.create(content)
             elif source.get("snapshotHandle"):
                 self.import_existing(content, str(source["snapshotHandle"]))
+
+    def _answer_then_delete(self, content: KubeObject) -> None:
+        """A deleted content whose CreateSnapshot was never answered (a timeout, a crash): ask
+        again (idempotent by name) as csi-snapshotter does, so the snapshot gets its handle and
+        is then deleted in this pass instead of leaking or the content staying for ever."""
+        if (content.get("status") or {}).get("readyToUse"):
+            # Left by a crash between the status write and the annotation's removal.
+            latest = self.ctx.snapshots.patch_content(objects.name(content),
+                                                      {"metadata": {"annotations": {BEING_CREATED: None}}})
+        elif (objects.spec(content).get("source") or {}).get("volumeHandle") and not group_member(content):
+            latest = self.create(content)
+        else:
+            return
+        if latest is not None and should_delete(latest):
+            # From the object the last write returned: that write (dropping being-created) is own
+            # bookkeeping whose watch event re-queues nothing.
+            self.delete(latest)
 
     # ---- dynamic ---------------------------------------------------------------------------
 

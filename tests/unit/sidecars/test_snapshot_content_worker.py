@@ -306,6 +306,46 @@ def test_a_deleting_content_waits_for_the_snapshot_controller() -> None:
     assert not s.controller.deleted and not s.api.writes, "no being-deleted annotation: not asked yet"
 
 
+def _deleting_unanswered(**kw: Any) -> dict[str, Any]:
+    """Deleted while its CreateSnapshot was never answered: being-created kept, no handle."""
+    annotations = {c.BEING_DELETED: "yes", c.BEING_CREATED: "yes", c.DELETION_SECRET_NAME: "deleter",
+                   c.DELETION_SECRET_NAMESPACE: "sys"}
+    return content(deleting=True, annotations=annotations, **kw)
+
+
+def test_a_deleted_content_with_an_unanswered_create_asks_again_then_deletes_in_the_same_pass() -> None:
+    s = Setup(_deleting_unanswered())
+    s.worker.process("snapcontent-1")
+    (created,) = s.controller.created
+    assert created.name == "snapshot-u-1", "asked again under the same name (idempotent)"
+    (deleted,) = s.controller.deleted
+    assert deleted.snapshot_id == HANDLE, "the snapshot the unanswered create made is deleted, not leaked"
+    assert s.now()["metadata"]["finalizers"] == []
+
+
+def test_a_deleted_content_whose_create_stays_unanswered_keeps_its_finalizer() -> None:
+    s = Setup(_deleting_unanswered(), controller=FakeSnapshotController(errors.DeadlineExceeded("slow")))
+    with pytest.raises(errors.DeadlineExceeded):
+        s.worker.process("snapcontent-1")
+    assert not s.controller.deleted
+    now = s.now()
+    assert now["metadata"]["finalizers"] == [c.BOUND_FINALIZER]
+    assert c.BEING_CREATED in now["metadata"]["annotations"], "no handle known yet: nothing may be released"
+
+
+def test_a_deleted_content_left_ready_by_a_crash_is_deleted_in_the_same_pass() -> None:
+    s = Setup(_deleting_unanswered(status={"snapshotHandle": HANDLE, "readyToUse": True}))
+    s.worker.process("snapcontent-1")
+    assert not s.controller.created
+    (deleted,) = s.controller.deleted
+    assert deleted.snapshot_id == HANDLE and s.now()["metadata"]["finalizers"] == []
+
+
+def test_should_delete_waits_for_an_unanswered_create() -> None:
+    assert not c.should_delete(_deleting_unanswered())
+    assert c.should_delete(_deleting("Delete"))
+
+
 # ---- pre-provisioned (static) contents --------------------------------------------------------
 
 
