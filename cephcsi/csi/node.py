@@ -114,18 +114,18 @@ class NodeServicer(ServicerBase, csi_pb2_grpc.NodeServicer):
         if nested(target, staging):
             raise InvalidArgument(f"target_path {target} and staging_target_path {staging} must not contain each other")
         volume_source.check_known(volume_id, request.volume_context)
-        credentials, monitors = None, ""
-        if request.secrets:  # a node-publish secret: krbd QoS reads the image's limits with it
-            credentials = Credentials.from_secrets(request.secrets)
-            cluster_id = request.volume_context.get(CTX_CLUSTER_ID) or _decode(volume_id).cluster_id
-            monitors = self.clusters.get(cluster_id).mon_host
+        # The node-publish secret is not checked here: only a krbd volume's QoS step reads a
+        # cephx user from it, and a secret it cannot use must not fail any other publish.
         self.service.publish(
             PublishRequest(
                 volume_id=volume_id, staging_path=staging, target_path=target, access=access, read_only=request.readonly,
-                credentials=credentials, monitors=monitors,
+                secrets=dict(request.secrets), cluster_monitors=self._monitors,
             )
         )
         return csi_pb2.NodePublishVolumeResponse()
+
+    def _monitors(self, cluster_id: str) -> str:
+        return self.clusters.get(cluster_id).mon_host
 
     @rpc
     def NodeUnpublishVolume(

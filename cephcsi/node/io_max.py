@@ -2,8 +2,10 @@
 cgroup of the pod that publishes it.
 
 Written at NodePublishVolume (and its retry) for the device the pod's data sits on, from the
-image's `conf_rbd_qos_…` limits, only when a node-publish secret gives credentials. Each direction
-is bounded on its own (cgroup v2 has no combined limit). Why so: docs/design/node.md, "krbd QoS".
+image's `conf_rbd_qos_…` limits, only when a node-publish secret gives credentials. Limits that
+cannot be read (an unusable secret, Ceph unreachable) leave the volume unthrottled with a
+WARNING instead of failing the publish. Each direction is bounded on its own (cgroup v2 has no
+combined limit). Why so: docs/design/node.md, "krbd QoS".
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cephcsi.ceph.credentials import Credentials
-from cephcsi.errors import Internal
+from cephcsi.errors import CephCSIError, Internal
 from cephcsi.node.exec import Runner
 from cephcsi.node.image_meta import RbdImageMetadata
 from cephcsi.node.stage_record import ImageSpec
@@ -205,6 +207,8 @@ class IoMaxWriter:
             return False
         except OSError as error:
             raise Internal(f"cannot read {path}: {error.strerror}") from None
+        if limits.unlimited and not current:
+            return True  # no rule to remove: the device is not even looked at
         major, minor = device_numbers(device, self.stat_path)
         if limits.unlimited and (major, minor) not in current:
             return True
@@ -222,7 +226,12 @@ class IoMaxWriter:
 
 
 class KrbdQos:
-    """Publish's step for krbd volumes: the image's limits into the pod's io.max."""
+    """Publish's step for krbd volumes: the image's limits into the pod's io.max.
+
+    Nothing here fails a publish that the volume could serve: a node-publish secret without a
+    usable cephx user, an unknown cluster or a failed read of the image (a mon election, a user
+    not allowed to read it) leaves the volume unthrottled with a WARNING, as a missing cgroup
+    does; the image may well have no limits at all."""
 
     def __init__(self, runner: Runner, timeout: float, writer: IoMaxWriter | None = None) -> None:
         self.runner = runner
@@ -234,13 +243,30 @@ class KrbdQos:
         metadata = RbdImageMetadata(self.runner, self.timeout, image, monitors, credentials).read()
         return limits_from_metadata(metadata)
 
-    def apply(self, volume_id: str, target_path: str, device: str, image: ImageSpec, monitors: str,
-              credentials: Credentials | None) -> None:
-        if credentials is None or not monitors:
+    def apply(self, volume_id: str, target_path: str, device: str, image: ImageSpec, cluster_id: str,
+              secrets: Mapping[str, str], cluster_monitors: Callable[[str], str] | None) -> None:
+        if not secrets or cluster_monitors is None:
             if not self._said_no_secret:
                 self._said_no_secret = True
                 log.info("krbd QoS limits are not read or enforced for volumes published without a "
                          "node-publish secret (csi.storage.k8s.io/node-publish-secret-name/-namespace "
                          "in the StorageClass)", extra=fields(volume_id=volume_id))
             return
-        self.writer.apply(volume_id, target_path, device, self.read_limits(image, monitors, credentials))
+        try:
+            # The messages of these errors name what is wrong, never a secret's value.
+            credentials = Credentials.from_secrets(secrets)
+            monitors = cluster_monitors(cluster_id)
+        except CephCSIError as error:
+            log.warning("krbd QoS not enforced: the node-publish secret or the volume's cluster cannot "
+                        "be used to read the image's limits; fix the secret (userID, userKey) or "
+                        "config.json", extra=fields(volume_id=volume_id, cluster_id=cluster_id, error=str(error)))
+            return
+        try:
+            limits = self.read_limits(image, monitors, credentials)
+        except CephCSIError as error:
+            log.warning("krbd QoS not enforced: the image's limits could not be read; check that the "
+                        "monitors are reachable and that the node-publish secret's user may read the "
+                        "image's metadata (rbd image-meta list)",
+                        extra=fields(volume_id=volume_id, image=str(image), error=str(error)))
+            return
+        self.writer.apply(volume_id, target_path, device, limits)

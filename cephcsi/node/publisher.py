@@ -105,7 +105,7 @@ class Publisher:
         if self.krbd_qos is None or record is None or record.mapper != KRBD or not record.device:
             return
         self.krbd_qos.apply(request.volume_id, request.target_path, record.data_device, record.image_spec,
-                            request.monitors, request.credentials)
+                            record.cluster_id, request.secrets, request.cluster_monitors)
 
     def _staged(self, request: PublishRequest) -> _Staged:
         record = stage_record.load(request.staging_path)

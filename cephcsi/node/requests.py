@@ -2,7 +2,7 @@
 already validated, so the node layer never sees protobuf."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from cephcsi.ceph.credentials import Credentials
@@ -62,8 +62,10 @@ class PublishRequest:
     access: VolumeAccess
     read_only: bool = False
     """The request's `readonly` flag (e.g. a pod's readOnly volume mount)."""
-    credentials: Credentials | None = field(default=None, repr=False)
-    """The node-publish secret's cephx user, when the StorageClass names one: publish reads a
-    krbd volume's QoS limits from the image with it (cephcsi.node.io_max)."""
-    monitors: str = ""
-    """The volume's cluster monitors, set with `credentials`."""
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """The node-publish secret as the CO sent it, when the StorageClass names one. Only a krbd
+    volume's QoS step reads a cephx user from it (cephcsi.node.io_max); any other volume
+    publishes whatever it holds, as it did before krbd QoS."""
+    cluster_monitors: Callable[[str], str] | None = field(default=None, repr=False, compare=False)
+    """The monitors of a config.json cluster id (CephCSIError for an unknown one), asked only
+    by the krbd QoS step."""

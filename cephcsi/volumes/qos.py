@@ -3,7 +3,8 @@ before anything is touched, scaled with the volume's size, and turned into the i
 that holds it.
 
 ceph-csi's parameter and metadata keys (limits as `conf_rbd_qos_…`, the policy beside them),
-stricter validation; krbd ignores the limits. Formula and rules: docs/design/controller.md.
+stricter validation. librbd enforces them for rbd-nbd and fuse; for krbd the node writes them
+as the pod's cgroup io.max at publish (cephcsi.node.io_max). Formula and rules: docs/design/controller.md.
 """
 from __future__ import annotations
 

@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 
 from cephcsi._generated import csi_pb2
-from cephcsi.ceph.credentials import Credentials
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.csi.node import NodeServicer
-from cephcsi.errors import Internal
+from cephcsi.errors import Internal, NotFound
 from cephcsi.node import io_max
 from cephcsi.node.io_max import IoLimits, IoMaxWriter, KrbdQos
 from cephcsi.node.publisher import Publisher, _Staged
@@ -189,6 +188,16 @@ class RecordingWriter(IoMaxWriter):
         return True
 
 
+MONITORS = {"ceph": "10.0.0.1:6789"}
+SECRETS = {"userID": "csi", "userKey": KEY}
+
+
+def monitors_of(cluster_id: str) -> str:
+    if cluster_id not in MONITORS:
+        raise NotFound(f"clusterID {cluster_id!r} is not in config.json")
+    return MONITORS[cluster_id]
+
+
 def test_krbd_qos_reads_the_image_with_the_publish_secret(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="cephcsi.node.io_max")
     meta = {"conf_rbd_qos_write_iops_limit": "40", "conf_rbd_qos_bps_limit": "8388608", "other": "x"}
@@ -196,19 +205,59 @@ def test_krbd_qos_reads_the_image_with_the_publish_secret(caplog: pytest.LogCapt
     writer = RecordingWriter()
     qos = KrbdQos(runner, 5.0, writer)
     image = ImageSpec("rbd", "csi-vol-1", "tenant")
-    credentials = Credentials("csi", KEY)
-    qos.apply("vol", MOUNT_TARGET, "/dev/mapper/luks-rbd-vol", image, "10.0.0.1:6789", credentials)
+    qos.apply("vol", MOUNT_TARGET, "/dev/mapper/luks-rbd-vol", image, "ceph", SECRETS, monitors_of)
     assert writer.applied == [("vol", MOUNT_TARGET, "/dev/mapper/luks-rbd-vol",
                                IoLimits(wiops=40, rbps=8388608, wbps=8388608))]
     (call,) = runner.calls
     assert call.argv[:9] == ["rbd", "image-meta", "list", "--pool", "rbd", "--namespace", "tenant", "--image", "csi-vol-1"]
+    assert call.argv[call.argv.index("-m") + 1] == "10.0.0.1:6789"
     assert not any(KEY in arg for arg in call.argv)  # the key only in a 0600 file
     assert [mode for mode, text in call.files.values() if KEY in text] == [0o600]
     # No node-publish secret: nothing read or written, said once.
-    qos.apply("vol", MOUNT_TARGET, "/dev/rbd0", image, "", None)
-    qos.apply("vol", MOUNT_TARGET, "/dev/rbd0", image, "", None)
+    qos.apply("vol", MOUNT_TARGET, "/dev/rbd0", image, "ceph", {}, monitors_of)
+    qos.apply("vol", MOUNT_TARGET, "/dev/rbd0", image, "ceph", {}, monitors_of)
     assert len(runner.calls) == 1 and len(writer.applied) == 1
     assert sum("node-publish secret" in r.message for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("secrets, cluster_id", [
+    ({"token": "s3cr3t-value"}, "ceph"),  # a secret for something else (no cephx user)
+    ({"userID": "csi", "userKey": "s3cr3t-value"}, "ceph"),  # not a cephx key
+    (SECRETS, "elsewhere"),  # a cluster config.json does not know
+])
+def test_krbd_qos_with_an_unusable_secret_or_cluster_warns_and_publishes_unthrottled(
+        caplog: pytest.LogCaptureFixture, secrets: dict[str, str], cluster_id: str) -> None:
+    caplog.set_level(logging.INFO, logger="cephcsi.node.io_max")
+    runner, writer = FakeRunner(), RecordingWriter()
+    KrbdQos(runner, 5.0, writer).apply("vol", MOUNT_TARGET, "/dev/rbd0", ImageSpec("rbd", "img"), cluster_id,
+                                       secrets, monitors_of)
+    assert runner.calls == [] and writer.applied == []
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "krbd QoS not enforced" in warning.getMessage() and getattr(warning, "volume_id", "vol") == "vol"
+    logged = " ".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
+    assert "s3cr3t-value" not in logged and KEY not in logged
+
+
+def test_krbd_qos_read_failure_warns_and_publishes_unthrottled(caplog: pytest.LogCaptureFixture) -> None:
+    """A mon election or a user not allowed to read the image must not block the pod."""
+    caplog.set_level(logging.INFO, logger="cephcsi.node.io_max")
+    runner = FakeRunner(lambda argv: (1, "", "rbd: error opening image img: (13) Permission denied"))
+    writer = RecordingWriter()
+    KrbdQos(runner, 5.0, writer).apply("vol-7", MOUNT_TARGET, "/dev/rbd0", ImageSpec("rbd", "img"), "ceph",
+                                       SECRETS, monitors_of)
+    assert len(runner.calls) == 1 and writer.applied == []
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "could not be read" in warning.getMessage() and "rbd image-meta list" in warning.getMessage()
+    assert "vol-7" in str(warning.__dict__)
+    assert KEY not in str(warning.__dict__)
+
+
+def test_writer_does_not_stat_the_device_when_no_rule_is_needed(tmp_path: Path) -> None:
+    cgroup_tree(tmp_path, f"kubepods/pod{UID}")  # io.max lists no device
+
+    def no_stat(path: str) -> os.stat_result:
+        raise AssertionError(f"{path} looked at with no rule to write")
+    assert IoMaxWriter((str(tmp_path),), no_stat).apply("vol", MOUNT_TARGET, "/dev/rbd0", IoLimits())
 
 
 class RecordingQos(KrbdQos):
@@ -229,19 +278,30 @@ def record(mapper: str, device: str = "/dev/rbd0", crypt: str = "") -> StageReco
 def test_publish_limits_krbd_only(tmp_path: Path) -> None:
     qos = RecordingQos()
     publisher = Publisher(None, str(tmp_path), krbd_qos=qos)  # type: ignore[arg-type]
-    credentials = Credentials("csi", KEY)
-    request = PublishRequest("vol", "/st", MOUNT_TARGET, VolumeAccess("mount"), credentials=credentials,
-                             monitors="10.0.0.1:6789")
+    request = PublishRequest("vol", "/st", MOUNT_TARGET, VolumeAccess("mount"), secrets=SECRETS,
+                             cluster_monitors=monitors_of)
     for mapper in ("rbd-nbd", "fuse"):  # librbd enforces the limits itself
         publisher._limit_io(_Staged("/st/fs", "mount", False, record=record(mapper)), request)
     publisher._limit_io(_Staged("/st/fs", "mount", False), request)  # ceph-csi's stage: no record
     assert qos.calls == []
     publisher._limit_io(_Staged("/st/fs", "mount", False, record=record("krbd", crypt="luks-rbd-vol")), request)
     assert qos.calls == [("vol", MOUNT_TARGET, "/dev/mapper/luks-rbd-vol", ImageSpec("rbd", "img", ""),
-                          "10.0.0.1:6789", credentials)]
+                          "ceph", SECRETS, monitors_of)]
 
 
-def test_node_publish_passes_the_publish_secret(tmp_path: Path) -> None:
+def test_publish_with_a_non_cephx_secret_is_untouched_for_nbd(caplog: pytest.LogCaptureFixture,
+                                                               tmp_path: Path) -> None:
+    """A node-publish secret meant for something else never fails a librbd-mapped publish."""
+    caplog.set_level(logging.INFO, logger="cephcsi.node.io_max")
+    runner = FakeRunner()
+    publisher = Publisher(None, str(tmp_path), krbd_qos=KrbdQos(runner, 1.0, RecordingWriter()))  # type: ignore[arg-type]
+    request = PublishRequest("vol", "/st", MOUNT_TARGET, VolumeAccess("mount"), secrets={"token": "x"},
+                             cluster_monitors=monitors_of)
+    publisher._limit_io(_Staged("/st/fs", "mount", False, record=record("rbd-nbd")), request)
+    assert runner.calls == [] and not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_node_publish_passes_the_publish_secret_unchecked(tmp_path: Path) -> None:
     kubelet = tmp_path / "kubelet"
     kubelet.mkdir()
     config = tmp_path / "config.json"
@@ -262,7 +322,12 @@ def test_node_publish_passes_the_publish_secret(tmp_path: Path) -> None:
                                 target_path=f"{kubelet}/pods/{UID}/volumes/kubernetes.io~csi/pv/mount",
                                 volume_capability=cap)
     node.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(**base), None)
-    node.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(**base, secrets={"userID": "csi", "userKey": KEY}), None)
-    assert published[0].credentials is None and published[0].monitors == ""
-    assert published[1].credentials == Credentials("csi", KEY) and published[1].monitors == "10.0.0.1:6789"
-    assert KEY not in repr(published[1])
+    node.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(**base, secrets=SECRETS), None)
+    # Neither a secret without a cephx user nor a volume of a cluster config.json does not know
+    # fails the publish here: only the krbd QoS step reads them.
+    node.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(**base, secrets={"token": "s3cr3t"}), None)
+    other = VolumeId("gone", 1, "11111111-2222-3333-4444-555555555555").encode()
+    node.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(**{**base, "volume_id": other}, secrets=SECRETS), None)
+    assert [dict(p.secrets) for p in published] == [{}, SECRETS, {"token": "s3cr3t"}, SECRETS]
+    assert published[1].cluster_monitors is not None and published[1].cluster_monitors("ceph") == "10.0.0.1:6789"
+    assert KEY not in repr(published[1]) and "s3cr3t" not in repr(published[2])
