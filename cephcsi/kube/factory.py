@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from kubernetes import client as k8s
 
+from cephcsi.kube.handlers import DispatchLoop
 from cephcsi.kube.informer import Informer, InformerSettings
 from cephcsi.kube.store import IndexFunc
 
@@ -28,6 +29,8 @@ class InformerFactory:
         self.settings = settings
         self._lock = threading.Lock()
         self._informers: dict[_Key, Informer] = {}
+        # One handler thread for every informer of the factory (their handlers only queue keys).
+        self._dispatch_loop = DispatchLoop("informer-handlers")
 
     def for_resource(self, api_class: type, list_method: str, *, namespace: str | None = None,
                      label_selector: str | None = None, field_selector: str | None = None,
@@ -45,7 +48,7 @@ class InformerFactory:
                     func = functools.partial(func, namespace)
                 informer = Informer(func, name=_name(list_method, namespace, label_selector, field_selector),
                                     settings=self.settings, label_selector=label_selector,
-                                    field_selector=field_selector)
+                                    field_selector=field_selector, dispatch_loop=self._dispatch_loop)
                 self._informers[key] = informer
         if indexers:
             informer.add_indexers(indexers)

@@ -1,7 +1,7 @@
 """The informer's consumer side: event handlers, their registrations, and the dispatch thread.
 
-Handlers run on one dispatch thread fed by an unbounded queue, so a slow handler delays other
-handlers but never the watch (which would otherwise fall behind and hit 410 Gone). Handlers
+Handlers run on a dispatch thread (`DispatchLoop`, shared by a factory's informers) fed by an
+unbounded queue, so a slow handler delays other handlers but never the watch (which would otherwise fall behind and hit 410 Gone). Handlers
 should still be quick: they normally just add a key to a work queue. Periodic resync
 re-delivers `on_update(obj, obj)` for every cached object, per handler.
 """
@@ -93,39 +93,98 @@ class Note:
 _STOP = Note(kind="stop", targets=())
 
 
-class Dispatcher:
-    """The dispatch thread's queue and loop. The informer decides what to post and to whom
-    (under its own lock, so delivery order is cache order); this class only delivers."""
+class DispatchLoop:
+    """The thread that delivers the notes of one or more dispatchers (one per informer): the
+    informer factory shares one among all its informers, so an idle controller runs one handler
+    thread, not one per resource (issue 38). Notes of one dispatcher are delivered in the order
+    posted; a slow handler of one informer delays the others' handlers, never a watch.
+    The thread starts with the first member's start() and ends when the last member stopped."""
 
-    def __init__(self, name: str, store: Store) -> None:
+    def __init__(self, thread_name: str) -> None:
+        self.thread_name = thread_name
+        self._notes: queue.Queue[tuple[Dispatcher, Note]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._members: list[Dispatcher] = []
+        self._thread: threading.Thread | None = None
+
+    def put(self, dispatcher: Dispatcher, note: Note) -> None:
+        self._notes.put((dispatcher, note))
+
+    def start(self, dispatcher: Dispatcher) -> None:
+        """Deliver `dispatcher`'s notes from now on (starting the thread if none runs)."""
+        with self._lock:
+            if dispatcher not in self._members:
+                self._members.append(dispatcher)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                members = tuple(self._members)
+                if not members:
+                    self._thread = None  # a later start() starts a new thread
+                    return
+            due = [d for d in (m.until_next_resync() for m in members) if d is not None]
+            try:
+                dispatcher, note = self._notes.get(timeout=min(due) if due else None)
+            except queue.Empty:
+                for member in members:
+                    member.resync_due()
+                continue
+            if note is _STOP:
+                with self._lock:
+                    if dispatcher in self._members:
+                        self._members.remove(dispatcher)
+                dispatcher.done.set()
+                continue
+            if not dispatcher.stopping:
+                dispatcher.deliver(note)
+            for member in members:
+                member.resync_due()
+
+
+class Dispatcher:
+    """One informer's notification queue on a DispatchLoop (its own when none is given). The
+    informer decides what to post and to whom (under its own lock, so delivery order is cache
+    order); this class only delivers."""
+
+    def __init__(self, name: str, store: Store, loop: DispatchLoop | None = None) -> None:
         self.name = name
         self._store = store
-        self._notes: queue.Queue[Note] = queue.Queue()
+        self.loop = loop if loop is not None else DispatchLoop(f"informer-{name}-handlers")
         self.registrations: tuple[HandlerRegistration, ...] = ()
         self.synced = threading.Event()
+        self.done = threading.Event()
+        """Set once the loop handled stop(): no handler of this informer runs any more."""
         self._stopping = threading.Event()
+        self._started = False
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
 
     def post(self, note: Note) -> None:
         """Queue a notification (callers hold the informer's lock)."""
-        self._notes.put(note)
+        self.loop.put(self, note)
+
+    def start(self) -> None:
+        """Start delivering (the loop's thread starts if it is not running)."""
+        self._started = True
+        self.loop.start(self)
 
     def stop(self) -> None:
-        """Make run() return after the notification it is delivering."""
+        """Deliver nothing more; `done` is set once a handler call in progress returned."""
         self._stopping.set()
-        self._notes.put(_STOP)
+        if not self._started:
+            self.done.set()
+            return
+        self.loop.put(self, _STOP)
 
-    def run(self) -> None:
-        """The dispatch thread's body: deliver notes in order, run resyncs when due."""
-        while not self._stopping.is_set():
-            try:
-                note = self._notes.get(timeout=self._until_next_resync())
-            except queue.Empty:
-                self._resync_due()
-                continue
-            if note is _STOP or self._stopping.is_set():
-                break
-            self._deliver(note)
-            self._resync_due()
+    def deliver(self, note: Note) -> None:
+        """Deliver one note (the loop's thread)."""
+        self._deliver(note)
 
     def _deliver(self, note: Note) -> None:
         if note.kind == "synced":
@@ -151,13 +210,15 @@ class Dispatcher:
             except Exception:  # noqa: BLE001 - one bad handler must not stop the others
                 log.exception("informer handler failed", extra={"fields": {"informer": self.name, "event": note.kind}})
 
-    def _until_next_resync(self) -> float | None:
+    def until_next_resync(self) -> float | None:
+        """Seconds until this dispatcher's next resync is due (None: no resync)."""
         due = [r.next_resync for r in self.registrations if r.next_resync is not None]
         if not due:
             return None
         return max(0.0, min(due) - time.monotonic())
 
-    def _resync_due(self) -> None:
+    def resync_due(self) -> None:
+        """Run every resync that is due (the loop's thread)."""
         now = time.monotonic()
         for reg in self.registrations:
             if reg.next_resync is None or reg.next_resync > now or reg.removed:

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Mapping
 
-from cephcsi.kube.handlers import Dispatcher, EventHandler, HandlerRegistration, Note, enqueue_handler
+from cephcsi.kube.handlers import DispatchLoop, Dispatcher, EventHandler, HandlerRegistration, Note, enqueue_handler
 from cephcsi.kube.metrics import INFORMER_ITEMS
 from cephcsi.kube.reflector import InformerSettings, ListFunc, RawResponse, Reflector, Selectors
 from cephcsi.kube.store import IndexFunc, KubeObject, Store, object_key
@@ -27,12 +27,14 @@ class Informer:
 
     def __init__(self, list_func: ListFunc, *, name: str, settings: InformerSettings = InformerSettings(),
                  indexers: Mapping[str, IndexFunc] | None = None, label_selector: str | None = None,
-                 field_selector: str | None = None) -> None:
+                 field_selector: str | None = None, dispatch_loop: DispatchLoop | None = None) -> None:
+        """`dispatch_loop`: the handler thread shared with other informers (the factory's); None
+        gives this informer a thread of its own."""
         self.name = name
         self.settings = settings
         self._store = Store(indexers)
         self._lock = threading.Lock()
-        self._dispatcher = Dispatcher(name, self._store)
+        self._dispatcher = Dispatcher(name, self._store, dispatch_loop)
         self._stop = threading.Event()
         self._listed = False  # first list cached and its "synced" note queued (under _lock)
         self._started = False
@@ -96,23 +98,24 @@ class Informer:
     # ---- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the watch and dispatch threads (idempotent)."""
+        """Start the watch thread and the handlers' delivery (idempotent)."""
         if self._started:
             return
         self._started = True
-        for target, suffix in ((self._reflector.run, "watch"), (self._dispatcher.run, "handlers")):
-            thread = threading.Thread(target=target, name=f"informer-{self.name}-{suffix}", daemon=True)
-            self._threads.append(thread)
-            thread.start()
+        self._dispatcher.start()
+        thread = threading.Thread(target=self._reflector.run, name=f"informer-{self.name}-watch", daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop both threads and wait up to `timeout` seconds for them."""
+        """Stop the watch and the handlers; wait up to `timeout` seconds for both."""
         self._stop.set()
         self._reflector.interrupt()
         self._dispatcher.stop()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        self._dispatcher.done.wait(max(0.0, deadline - time.monotonic()))
 
     @property
     def stopped(self) -> bool:
