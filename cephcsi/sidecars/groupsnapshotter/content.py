@@ -137,6 +137,7 @@ class GroupContentWorker(ContentWorker):
     bound_finalizer = BOUND_FINALIZER
     deletion_secret = (DELETION_SECRET_NAME, DELETION_SECRET_NAMESPACE)
     class_field = "volumeGroupSnapshotClassName"
+    handle_field = "volumeGroupSnapshotHandle"
     class_kind, class_resource = "VolumeGroupSnapshotClass", "volumegroupsnapshotclass.groupsnapshot.storage.k8s.io"
 
     def __init__(self, ctx: GroupSnapshotterContext, stop: threading.Event) -> None:

@@ -219,10 +219,16 @@ class ContentWorker:
                                     lambda r: r.name, lambda r: self.ctx.controller.CreateSnapshot(r, None))
         snapshot = response.snapshot
         self.ctx.snapshots.patch_content_status(name, status_of(snapshot))
+        # Answered: the handle is in the status, so a deletion no longer needs to wait (as
+        # csi-snapshotter, which drops the annotation after any successful answer). Waiting for
+        # readiness too would hold a deleted content until a flatten finished, or for ever.
+        latest: KubeObject | None = content
+        if BEING_CREATED in objects.annotations_of(content) or not self._answered(content):
+            # Set by this call's _ask_create or an earlier one; not written again per readiness check.
+            latest = self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {BEING_CREATED: None}}})
         if not snapshot.ready_to_use:
             raise NotReady(f"snapshot {snapshot.snapshot_id} of VolumeSnapshotContent {name} is not ready to use yet "
                            "(its clone chain is being flattened); checking again")
-        latest = self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {BEING_CREATED: None}}})
         self.ctx.events.event(content, NORMAL, "SnapshotCreated", f"Created snapshot {snapshot.snapshot_id}")
         log.info("snapshot created", extra=fields(content=name, snapshot=snapshot.snapshot_id))
         return latest
@@ -324,13 +330,20 @@ class ContentWorker:
         except CephCSIError as error:
             self._failed(content, reason, error, final=False)
             raise
-        if self.being_created not in objects.annotations_of(content):
+        if self.being_created not in objects.annotations_of(content) and not self._answered(content):
             self.ctx.snapshots.patch_content(objects.name(content), {"metadata": {"annotations": {self.being_created: "yes"}}})
         try:
             return self.ctx.calls.run(method, name_of(request), lambda: send(request), self.stop)
         except CephCSIError as error:
             self._failed(content, reason, error, final=error.code not in NOT_FINAL)
             raise
+
+    handle_field = "snapshotHandle"
+
+    def _answered(self, content: KubeObject) -> bool:
+        """An earlier call was answered (its handle is in the status): asking again, until the
+        snapshot is ready, cannot leave one the content does not know."""
+        return bool((content.get("status") or {}).get(self.handle_field))
 
     def _failed(self, content: KubeObject, reason: str, error: CephCSIError, final: bool) -> None:
         """Event and status.error; `final` (a final answer of the create call only) also drops

@@ -253,13 +253,30 @@ def test_a_snapshot_not_ready_is_requeued_until_it_is() -> None:
     assert c.BEING_CREATED not in s.now()["metadata"]["annotations"]
 
 
-def test_a_not_ready_answer_keeps_being_created() -> None:
+def test_a_not_ready_answer_drops_being_created_and_is_not_set_again_while_checking() -> None:
     s = Setup(content(), controller=FakeSnapshotController(False))
     with pytest.raises(c.NotReady):
         s.worker.process("snapcontent-1")
     now = s.now()
     assert now["status"]["snapshotHandle"] == HANDLE and now["status"]["readyToUse"] is False
-    assert c.BEING_CREATED in now["metadata"]["annotations"] and not s.events.recorded
+    assert c.BEING_CREATED not in now["metadata"]["annotations"], "answered: the handle is known"
+    assert not s.events.recorded
+    writes = len(s.api.writes)
+    with pytest.raises(c.NotReady):
+        s.worker.process("snapcontent-1")
+    assert c.BEING_CREATED not in s.now()["metadata"]["annotations"]
+    assert not [w for w in s.api.writes[writes:] if w[0] != "status"], "no annotation churn per check"
+
+
+def test_a_deleted_content_whose_snapshot_is_not_ready_is_deleted_without_waiting() -> None:
+    """A flatten pending must not hold the deletion: the handle is known."""
+    s = Setup(content(deleting=True, annotations={c.BEING_DELETED: "yes", c.DELETION_SECRET_NAME: "deleter",
+                                                   c.DELETION_SECRET_NAMESPACE: "sys"},
+                      status={"snapshotHandle": HANDLE, "readyToUse": False}))
+    s.worker.process("snapcontent-1")
+    assert not s.controller.created
+    (deleted,) = s.controller.deleted
+    assert deleted.snapshot_id == HANDLE and s.now()["metadata"]["finalizers"] == []
 
 
 # ---- deletion ---------------------------------------------------------------------------------
