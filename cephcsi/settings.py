@@ -127,6 +127,10 @@ class SidecarSettings:
     http_endpoint: str = ""
     """host:port for /healthz, /readyz and /metrics; empty disables the HTTP server."""
     extra_create_metadata: bool = False
+    topology: bool = False
+    """--feature-gates=Topology=true: the controller advertises VOLUME_ACCESSIBILITY_CONSTRAINTS,
+    so its provisioner sends accessibility requirements and writes PV node affinity (opt-in, as
+    external-provisioner's gate and ceph-csi's chart)."""
     default_fstype: str = "ext4"
     kubelet_registration_path: str = ""
     capacity: CapacitySettings = field(default_factory=CapacitySettings)

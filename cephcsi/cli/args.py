@@ -71,6 +71,23 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
 
 
+FEATURE_GATES = ("Topology",)
+"""external-provisioner's gates this driver knows; Topology is the only one that changes anything."""
+
+
+def _feature_gates(text: str) -> dict[str, bool]:
+    gates: dict[str, bool] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in FEATURE_GATES:
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not Gate=true|false with a known gate ({', '.join(FEATURE_GATES)})")
+        gates[key.strip()] = _bool(value.strip())
+    return gates
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="cephcsi", description="Ceph RBD CSI driver with the CSI sidecars embedded.",
                 epilog="Also: `cephcsi audit --help` (find and repair journal/pool inconsistencies).")
@@ -158,6 +175,10 @@ def _sidecar_flags(p: argparse.ArgumentParser) -> None:
     s.add_argument("--kube-api-burst", type=_positive(int), default=100)
     s.add_argument("--http-endpoint", default="", help="host:port for /healthz, /readyz, /metrics")
     s.add_argument("--extra-create-metadata", type=_bool, nargs="?", const=True, default=False)
+    s.add_argument("--feature-gates", type=_feature_gates, default="",
+                   help="external-provisioner's gates: Topology=true makes the controller advertise "
+                        "VOLUME_ACCESSIBILITY_CONSTRAINTS and the provisioner send accessibility requirements "
+                        "(needed by topologyConstrainedPools; the nodes need --domainlabels)")
     s.add_argument("--default-fstype", default="ext4")
     s.add_argument("--enable-capacity", type=_bool, nargs="?", const=True, default=False,
                    help="publish CSIStorageCapacity objects from GetCapacity (with the provisioner)")
@@ -266,6 +287,7 @@ def _sidecar_settings(a: argparse.Namespace, parser: argparse.ArgumentParser) ->
         kube_api_burst=a.kube_api_burst,
         http_endpoint=a.http_endpoint,
         extra_create_metadata=a.extra_create_metadata,
+        topology=a.feature_gates.get("Topology", False),
         default_fstype=a.default_fstype,
         kubelet_registration_path=a.kubelet_registration_path,
         capacity=CapacitySettings(a.enable_capacity, a.capacity_poll_interval, a.capacity_for_immediate_binding,

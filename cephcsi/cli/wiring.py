@@ -103,6 +103,14 @@ def build_node(settings: Settings, clusters: ClusterRegistry) -> NodeServicer:
     return NodeServicer(build_node_service(config), clusters, settings)
 
 
+def advertises_topology(settings: Settings) -> bool:
+    """VOLUME_ACCESSIBILITY_CONSTRAINTS: a node plugin with --domainlabels (its NodeGetInfo has
+    segments), or a controller opted in with --feature-gates=Topology=true (its provisioner then
+    sends accessibility requirements, which topologyConstrainedPools need)."""
+    return ((settings.serves_node and bool(settings.node.domain_labels))
+            or (settings.serves_controller and settings.sidecars.topology))
+
+
 def build_services(settings: Settings, clusters: ClusterRegistry, keeper: LeaseKeeper) -> Services:
     """The servicers of this process's mode and the servers (sockets) that serve them; `keeper`
     holds the controller's journal leases (the caller drains it at exit)."""
@@ -110,7 +118,7 @@ def build_services(settings: Settings, clusters: ClusterRegistry, keeper: LeaseK
         IdentityOptions(
             driver_name=settings.driver_name,
             controller=settings.serves_controller,
-            topology=settings.serves_node and bool(settings.node.domain_labels),
+            topology=advertises_topology(settings),
             online_expansion=settings.serves_controller,
             group_controller=settings.serves_controller,
         )

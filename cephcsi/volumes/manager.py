@@ -111,10 +111,36 @@ class VolumeManager:
             # ordinary one of that pool from here on (cephcsi.volumes.placement).
             placed = placement.place(session, request.parameters, request.requirements,
                                      request.source.source_id if request.source is not None else None,
-                                     lambda io: self._journal(io).lookup(request.name) is not None)
+                                     lambda io: self._journal(io).lookup(request.name) is not None,
+                                     lambda pool: self._release_imageless(session, pool, request))
             volume = self._create(session, dataclasses.replace(request, parameters=placed))
             segments = placement.accessible(request.parameters, request.requirements, volume.context["pool"])
             return dataclasses.replace(volume, topology=segments) if segments is not None else volume
+
+    def _release_imageless(self, session: Session, pool: str, request: CreateRequest) -> bool:
+        """Undo the reservation of `request.name` in `pool` when no image exists for it (a create
+        that failed, e.g. on quota, or was killed before its image), with delete's undo code under
+        the entry's journal lease; the caller holds the name lock. True when the name is free in
+        `pool` afterwards; False when an image (or anything but our own record) is there."""
+        with session.ioctx(pool) as io:
+            journal = self._journal(io)
+            uuid = self._find_uuid(journal, request.name)  # releases a name without a record
+            if uuid is None:
+                return True
+            if parse_name_value(uuid, f"name key of {request.name!r} in pool {pool!r}").elsewhere(io.get_pool_id()):
+                return False  # ceph-csi's split layout: its image lives elsewhere; left alone
+            with journal.locked(uuid, read=True) as hold:
+                record = hold.found
+                if journal.lookup(request.name) != uuid or record is None or record.get(JOURNAL_POOL):
+                    return False
+                if record.image_id or images.lookup_id(io, record.image_name) is not None:
+                    return False
+                volume_id = VolumeId(request.parameters.cluster_id, io.get_pool_id(), uuid).encode()
+                log.info("releasing a reservation without an image in a pool the topology no longer matches",
+                         extra=fields(name=request.name, uuid=uuid, pool=pool))
+                self._delete_locked(session, io, pool, journal, hold, uuid,
+                                    lambda found: self.encryption.remove(found, volume_id, request.secrets, io))
+                return True
 
     def _create(self, session: Session, request: CreateRequest) -> Volume:
         params = request.parameters

@@ -10,6 +10,8 @@ through the name key in `pool` (cephcsi.volumes.split_journal). Design: docs/top
 from __future__ import annotations
 
 import dataclasses
+import logging
+import threading
 from collections.abc import Callable
 from contextlib import ExitStack
 
@@ -20,8 +22,15 @@ from cephcsi.volumes.parameters import VolumeParameters
 from cephcsi.volumes.topology import Requirements
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
+log = logging.getLogger(__name__)
+
+_unconstrained_warned = threading.Event()
+
 HasName = Callable[[Ioctx], bool]
 """Whether the request's name is reserved in the journal of the pool this handle opens."""
+ReleaseImageless = Callable[[str], bool]
+"""Undo the request's reservation in this pool if no image exists for it (a create that failed
+or was killed before its image); True when the name is free there afterwards."""
 
 
 def _reserved_in(session: Session, pools: list[str], has_name: HasName) -> str | None:
@@ -34,6 +43,17 @@ def _reserved_in(session: Session, pools: list[str], has_name: HasName) -> str |
             if has_name(io):
                 return pool
     return None
+
+
+def _warn_unconstrained() -> None:
+    # ceph-csi uses the class's pool too (kept for its users' classes), but silently it hides a
+    # deployment without the opt-in: said once per process, not per volume.
+    if not _unconstrained_warned.is_set():
+        _unconstrained_warned.set()
+        log.warning("a class with topologyConstrainedPools got a CreateVolume without accessibility requirements; the "
+                    "volume goes to the class's `pool` (as ceph-csi). To place volumes by topology, enable it with "
+                    "--feature-gates=Topology=true on the controller and --domainlabels on the nodes "
+                    "(docs/topology.md); this is logged once per process")
 
 
 def _in_pool(params: VolumeParameters, match: topology.Match) -> VolumeParameters:
@@ -50,29 +70,39 @@ def _source_pool(session: Session, source_id: str) -> str | None:
 
 
 def place(session: Session, params: VolumeParameters, requirements: Requirements | None,
-          source_id: str | None, has_name: HasName) -> VolumeParameters:
+          source_id: str | None, has_name: HasName, release: ReleaseImageless) -> VolumeParameters:
     """The parameters to create with: `params` itself without topology pools or requirements
     (ceph-csi uses the class's pool then), else those of the pool chosen for the requirements.
 
-    A name already reserved in the class's pool or any topology pool stays there, whatever the
-    requirements' order now says: a retry finds the volume its first attempt made or began.
-    A restore or clone goes to its source's pool (RBD clones stay in their parent's pool, as
-    ceph-csi's do), which must be a topology pool matching the requirements."""
-    if not params.topology_pools or requirements is None or requirements.empty:
+    A name already reserved in the class's pool or any topology pool stays there while that
+    pool matches the requirements: a retry finds the volume its first attempt made or began.
+    A reservation in a pool the requirements no longer match (the claim was rescheduled) is
+    released when no image exists for it, and the volume placed afresh; with an image it is
+    ALREADY_EXISTS. A restore from a snapshot goes to its source's pool (an RBD clone of a
+    snapshot lives in its parent's pool, as ceph-csi's restores do), which must be a topology
+    pool matching the requirements; unlike ceph-csi, a volume clone does too (ceph-csi places a
+    volume clone by the requirements, then copies across pools)."""
+    if not params.topology_pools:
+        return params
+    if requirements is None or requirements.empty:
+        _warn_unconstrained()
         return params
     pools = params.topology_pools
     names = [params.pool, *dict.fromkeys(p.pool for p in pools if p.pool != params.pool)]
     reserved = _reserved_in(session, names, has_name)
-    if reserved == params.pool:
+    # The class's pool that is not itself a topology pool: a volume made there before the
+    # class had topology pools (or without requirements) stays as it is.
+    if reserved == params.pool and all(p.pool != params.pool for p in pools):
         return params
     if reserved is not None:
         match = topology.match_pool(pools, requirements, reserved)
-        if match is None:
+        if match is not None:
+            return _in_pool(params, match)
+        if not release(reserved):
             raise AlreadyExists(
                 f"the volume of this name already exists in pool {reserved!r}, whose domain segments do not match "
                 "the requested topology; delete it or request a topology that includes it"
             )
-        return _in_pool(params, match)
     if source_id is not None:
         pool = _source_pool(session, source_id)
         if pool is None:

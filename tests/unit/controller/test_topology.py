@@ -1,11 +1,16 @@
 """topologyConstrainedPools: parsing, validation and ceph-csi's matching order (pure)."""
+import contextlib
 import json
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from cephcsi._generated import csi_pb2
 from cephcsi.csi.controller import requirements_of
-from cephcsi.errors import InvalidArgument, ResourceExhausted
+from cephcsi.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
 from cephcsi.volumes import placement, topology
 from cephcsi.volumes.parameters import VolumeParameters
 from cephcsi.volumes.topology import Requirements, TopologyPool
@@ -113,3 +118,75 @@ def test_capacity_of_a_segment_is_asked_of_its_pool() -> None:
     assert placement.for_segment(params, None) is params
     plain = VolumeParameters.parse({"clusterID": "c", "pool": "rbd"})
     assert placement.for_segment(plain, C) is plain
+
+
+class _Session:
+    """Pool handles named by their pool (pure placement logic: no cluster needed)."""
+
+    def __init__(self, pools: set[str]) -> None:
+        self.pools = pools
+
+    @contextlib.contextmanager
+    def ioctx(self, pool: str) -> Iterator[str]:
+        if pool not in self.pools:
+            raise NotFound(f"pool {pool!r}")
+        yield pool
+
+
+def _place(params: VolumeParameters, requirements: Requirements | None, reserved: str | None,
+           release: bool = False) -> tuple[VolumeParameters, list[str]]:
+    released: list[str] = []
+
+    def undo(pool: str) -> bool:
+        released.append(pool)
+        return release
+
+    def has_name(io: Any) -> bool:
+        return bool(io == reserved)
+
+    session: Any = _Session({"rbd", "east", "west"})
+    placed = placement.place(session, params, requirements, None, has_name, undo)
+    return placed, released
+
+
+def test_a_retry_reserved_in_a_class_pool_that_is_a_topology_pool_gets_that_entry() -> None:
+    params = VolumeParameters.parse({"clusterID": "c", "pool": "east", topology.KEY: POOLS})
+    placed, released = _place(params, Requirements(preferred=(B, A)), "east")
+    assert (placed.pool, placed.data_pool, released) == ("east", "east-ec", [])
+    plain_pool = VolumeParameters.parse({"clusterID": "c", "pool": "rbd", "dataPool": "rbd-ec", topology.KEY: POOLS})
+    assert _place(plain_pool, Requirements(preferred=(B,)), "rbd") == (plain_pool, [])
+
+
+def test_a_reservation_the_requirements_no_longer_match_is_released_only_without_an_image() -> None:
+    params = VolumeParameters.parse({"clusterID": "c", "pool": "rbd", topology.KEY: POOLS})
+    placed, released = _place(params, Requirements(requisite=(B,)), "east", release=True)
+    assert (placed.pool, released) == ("west", ["east"])
+    with pytest.raises(AlreadyExists, match="'east'"):
+        _place(params, Requirements(requisite=(B,)), "east", release=False)
+
+
+def test_no_requirements_use_the_class_pool_and_warn_once_naming_the_opt_in(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(placement, "_unconstrained_warned", threading.Event())
+    params = VolumeParameters.parse({"clusterID": "c", "pool": "rbd", topology.KEY: POOLS})
+    with caplog.at_level(logging.WARNING, logger=placement.__name__):
+        assert _place(params, None, None) == (params, [])
+        assert _place(params, Requirements(), None) == (params, [])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "--feature-gates=Topology=true" in warnings[0] and "--domainlabels" in warnings[0]
+
+
+def test_the_controller_advertises_topology_only_when_opted_in_with_the_feature_gate() -> None:
+    from cephcsi.cli.args import parse_settings
+    from cephcsi.cli.wiring import advertises_topology
+
+    controller = ["--mode=controller", "--endpoint=unix:///tmp/x.sock"]
+    node = ["--mode=node", "--nodeid=n1", "--endpoint=unix:///tmp/x.sock"]
+    assert not advertises_topology(parse_settings(controller))
+    assert not advertises_topology(parse_settings([*controller, "--domainlabels=zone"]))
+    assert advertises_topology(parse_settings([*controller, "--feature-gates=Topology=true"]))
+    assert not advertises_topology(parse_settings([*controller, "--feature-gates=Topology=false"]))
+    assert advertises_topology(parse_settings([*node, "--domainlabels=zone"]))
+    assert not advertises_topology(parse_settings([*node, "--feature-gates=Topology=true"]))
+    with pytest.raises(SystemExit):
+        parse_settings([*controller, "--feature-gates=Topolgy=true"])
