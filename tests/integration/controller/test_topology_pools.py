@@ -206,6 +206,48 @@ def test_a_create_killed_after_its_reservation_is_finished_in_that_pool_whatever
     _assert_gone(admin, cluster, request.name, volume.volume_context["imageName"])
 
 
+@pytest.mark.parametrize("failpoint", ["create.after-reserve", "create.after-record"])
+def test_a_reservation_without_an_image_follows_a_claim_rescheduled_to_another_zone(
+    fresh_driver: Callable[..., DriverProcess], ceph_cluster: CephTestCluster, admin: Any, failpoint: str
+) -> None:
+    """A create killed before its image (name only, or name and record: as a quota failure
+    leaves it) in zone a's pool, retried for zone b alone: released there, made in zone b's."""
+    cluster = ceph_cluster
+    request = _request(cluster, ["a"], ["a"])
+    crashing = fresh_driver({"CEPHCSI_FAILPOINTS": failpoint})
+    with pytest.raises(grpc.RpcError) as caught:
+        crashing.controller.CreateVolume(request, timeout=60)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    reserved, record = _entry(admin, cluster.pool2, request.name)
+    assert reserved is not None and bool(record) == (failpoint == "create.after-record")
+
+    healthy = fresh_driver()
+    retry = _request(cluster, ["b"], ["b"], name=request.name)
+    volume = until_ok(lambda: healthy.controller.CreateVolume(retry, timeout=60)).volume
+    assert volume.volume_context["pool"] == cluster.pool and not volume.volume_id.endswith(reserved)
+    assert [dict(t.segments) for t in volume.accessible_topology] == [dict(_zone("b").segments)]
+    assert _entry(admin, cluster.pool2, request.name) == (None, {})
+    assert _omap(admin, cluster.pool2, f"csi.volume.{reserved}") == {}
+    _delete(healthy, cluster, volume.volume_id)
+    _assert_gone(admin, cluster, request.name, volume.volume_context["imageName"])
+
+
+def test_a_retry_in_a_class_pool_that_is_a_topology_pool_keeps_that_entrys_topology(
+    driver: DriverProcess, ceph_cluster: CephTestCluster
+) -> None:
+    """Zone b's pool is the class's `pool`; the class names a dataPool zone b's entry has not."""
+    request = _request(ceph_cluster, ["b"], [])
+    request.parameters["dataPool"] = ceph_cluster.pool2
+    first = driver.controller.CreateVolume(request, timeout=60).volume
+    again = driver.controller.CreateVolume(request, timeout=60).volume
+    try:
+        assert first.volume_id == again.volume_id and again.volume_context["pool"] == ceph_cluster.pool
+        assert [dict(t.segments) for t in again.accessible_topology] == [dict(_zone("b").segments)]
+        assert again.volume_context.get("dataPool", "") == first.volume_context.get("dataPool", "") == ""
+    finally:
+        _delete(driver, ceph_cluster, first.volume_id)
+
+
 def test_the_provisioners_find_looks_in_every_topology_pool(
     driver: DriverProcess, ceph_cluster: CephTestCluster, config_file: str
 ) -> None:
