@@ -19,7 +19,8 @@ class IdentityOptions:
     controller: bool
     """Advertise CONTROLLER_SERVICE (controller and all modes)."""
     topology: bool
-    """Advertise VOLUME_ACCESSIBILITY_CONSTRAINTS (node plugin run with --domainlabels)."""
+    """Advertise VOLUME_ACCESSIBILITY_CONSTRAINTS (a node plugin run with --domainlabels, or a controller
+    run with --feature-gates=Topology=true: cephcsi.cli.wiring.advertises_topology)."""
     online_expansion: bool = False
     group_controller: bool = False
     """Advertise GROUP_CONTROLLER_SERVICE (volume group snapshots; served with the controller)."""
