@@ -110,7 +110,10 @@ class Projection:
         if status is not None:
             self._text_at(status, "phase")
             self._recent_at(status, "lastPhaseTransitionTime")
-            self._shared_at(obj, "status")
+            if "lastPhaseTransitionTime" not in status:
+                # With its per-volume time a status never repeats: pooling it would only fill the
+                # capped pool with entries no other object shares.
+                self._shared_at(obj, "status")
 
     def _attachment(self, obj: KubeObject) -> None:
         spec = _dict(obj, "spec")

@@ -83,7 +83,7 @@ def test_equal_pieces_of_different_claims_are_one_object() -> None:
     projection(a)
     projection(b)
     for path in (("metadata", "annotations"), ("metadata", "finalizers"), ("spec", "accessModes"),
-                 ("spec", "capacity"), ("spec", "csi", "nodeStageSecretRef"), ("status",)):
+                 ("spec", "capacity"), ("spec", "csi", "nodeStageSecretRef")):
         x: Any = a
         y: Any = b
         for part in path:
@@ -93,6 +93,21 @@ def test_equal_pieces_of_different_claims_are_one_object() -> None:
     assert a["spec"]["csi"]["volumeAttributes"]["pool"] is b["spec"]["csi"]["volumeAttributes"]["pool"]
     assert a["metadata"]["name"] != b["metadata"]["name"]
     assert a["spec"]["claimRef"] is not b["spec"]["claimRef"]
+
+
+def test_a_volume_status_is_pooled_only_without_its_per_volume_time() -> None:
+    projection = Projection()
+    a, b = _listed("PersistentVolume", 1), _listed("PersistentVolume", 2)
+    for item in (a, b):
+        item["status"].pop("lastPhaseTransitionTime", None)
+        projection(item)
+    assert a["status"] is b["status"]
+    timed = [_listed("PersistentVolume", n) for n in (3, 4)]
+    for item in timed:
+        assert "lastPhaseTransitionTime" in item["status"]
+        projection(item)
+    assert timed[0]["status"] is not timed[1]["status"], "a status that never repeats stays out of the capped pool"
+    assert timed[0]["status"] == timed[1]["status"]
 
 
 def test_json_types_are_not_conflated() -> None:
