@@ -138,6 +138,7 @@ class GroupContentWorker(ContentWorker):
     deletion_secret = (DELETION_SECRET_NAME, DELETION_SECRET_NAMESPACE)
     class_field = "volumeGroupSnapshotClassName"
     handle_field = "volumeGroupSnapshotHandle"
+    create_name = staticmethod(group_snapshot_name)
     class_kind, class_resource = "VolumeGroupSnapshotClass", "volumegroupsnapshotclass.groupsnapshot.storage.k8s.io"
 
     def __init__(self, ctx: GroupSnapshotterContext, stop: threading.Event) -> None:
@@ -241,6 +242,7 @@ class GroupContentWorker(ContentWorker):
     # ---- deletion ----------------------------------------------------------------------------
 
     def delete(self, content: KubeObject) -> None:
+        self._no_create_running(content)
         name = objects.name(content)
         has_handle = bool((content.get("status") or {}).get("volumeGroupSnapshotHandle"))
         if objects.spec(content).get("deletionPolicy") == "Delete" and has_handle:

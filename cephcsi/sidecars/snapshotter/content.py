@@ -188,8 +188,9 @@ class ContentWorker:
         """A deleted content whose CreateSnapshot was never answered (a timeout, a crash): ask
         again (idempotent by name) as csi-snapshotter does, so the snapshot gets its handle and
         is then deleted in this pass instead of leaking or the content staying for ever."""
-        if (content.get("status") or {}).get("readyToUse"):
-            # Left by a crash between the status write and the annotation's removal.
+        if (content.get("status") or {}).get("readyToUse") or self._answered(content):
+            # Left by a crash between the status write and the annotation's removal: the handle
+            # is known, so the deletion needs no new answer (and no class or secret to ask with).
             latest = self.ctx.snapshots.patch_content(objects.name(content),
                                                       {"metadata": {"annotations": {BEING_CREATED: None}}})
         elif (objects.spec(content).get("source") or {}).get("volumeHandle") and not group_member(content):
@@ -257,6 +258,7 @@ class ContentWorker:
     # ---- deletion ----------------------------------------------------------------------------
 
     def delete(self, content: KubeObject) -> None:
+        self._no_create_running(content)
         name = objects.name(content)
         spec = objects.spec(content)
         handle = str((content.get("status") or {}).get("snapshotHandle") or (spec.get("source") or {}).get("snapshotHandle") or "")
@@ -339,6 +341,19 @@ class ContentWorker:
             raise
 
     handle_field = "snapshotHandle"
+    create_name = staticmethod(snapshot_name)
+
+    def _no_create_running(self, content: KubeObject) -> None:
+        """A create call that timed out still runs in the background; deleting under it could
+        remove the snapshot just before that call re-reserves the name and cuts a new one, which
+        nothing would then delete. The deletion waits for it (OperationInFlight, requeued)."""
+        try:
+            name = self.create_name(content)
+        except InvalidArgument:
+            return  # never bound: nothing was ever asked under a name
+        if self.ctx.calls.busy(name):
+            raise OperationInFlight(f"a create call for {name} is still running; the deletion of "
+                                    f"{objects.name(content)} waits for it")
 
     def _answered(self, content: KubeObject) -> bool:
         """An earlier call was answered (its handle is in the status): asking again, until the

@@ -358,6 +358,35 @@ def test_a_deleted_content_left_ready_by_a_crash_is_deleted_in_the_same_pass() -
     assert deleted.snapshot_id == HANDLE and s.now()["metadata"]["finalizers"] == []
 
 
+def test_a_deletion_waits_for_a_create_still_running_in_the_background() -> None:
+    s = Setup(_deleting("Delete"))
+    release = threading.Event()
+    running = threading.Thread(target=lambda: s.calls.run("CreateSnapshot", "snapshot-u-1", release.wait, None))
+    running.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not s.calls.busy("snapshot-u-1"):
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        with pytest.raises(errors.OperationInFlight):
+            s.worker.process("snapcontent-1")
+        assert not s.controller.deleted and c.BOUND_FINALIZER in s.now()["metadata"]["finalizers"]
+    finally:
+        release.set()
+        running.join()
+    s.worker.process("snapcontent-1")
+    assert len(s.controller.deleted) == 1 and s.now()["metadata"]["finalizers"] == ["example.com/keep"]
+
+
+def test_a_deleted_content_answered_but_not_ready_is_deleted_without_its_class() -> None:
+    """A crash between the status write and the annotation's removal, then the class went."""
+    s = Setup(_deleting_unanswered(status={"snapshotHandle": HANDLE, "readyToUse": False}), classes={})
+    s.worker.process("snapcontent-1")
+    assert not s.controller.created
+    (deleted,) = s.controller.deleted
+    assert deleted.snapshot_id == HANDLE and s.now()["metadata"]["finalizers"] == []
+
+
 def test_should_delete_waits_for_an_unanswered_create() -> None:
     assert not c.should_delete(_deleting_unanswered())
     assert c.should_delete(_deleting("Delete"))
