@@ -131,7 +131,8 @@ class DispatchLoop:
                 dispatcher, note = self._notes.get(timeout=min(due) if due else None)
             except queue.Empty:
                 for member in members:
-                    member.resync_due()
+                    if not member.stopping:
+                        member.resync_due()
                 continue
             if note is _STOP:
                 with self._lock:
@@ -139,10 +140,16 @@ class DispatchLoop:
                         self._members.remove(dispatcher)
                 dispatcher.done.set()
                 continue
-            if not dispatcher.stopping:
-                dispatcher.deliver(note)
-            for member in members:
-                member.resync_due()
+            try:
+                if not dispatcher.stopping:
+                    dispatcher.deliver(note)
+                for member in members:
+                    if not member.stopping:
+                        member.resync_due()
+            except Exception:  # noqa: BLE001 - the thread serves every informer of the factory
+                # deliver() already guards each handler; this is for anything else, so one bad
+                # note cannot end the delivery (and the sync) of every other informer.
+                log.exception("informer notification failed", extra={"fields": {"informer": dispatcher.name}})
 
 
 class Dispatcher:

@@ -126,3 +126,25 @@ def test_resyncs_of_a_quiet_member_run_while_another_is_busy() -> None:
         quiet.stop()
         busy.stop()
         assert quiet.done.wait(10) and busy.done.wait(10)
+
+
+def test_a_note_that_fails_outside_the_handlers_does_not_end_the_shared_thread() -> None:
+    loop = DispatchLoop("test-failing-note")
+    seen: list[str] = []
+
+    class Broken(Dispatcher):
+        def deliver(self, note: Note) -> None:
+            raise RuntimeError("not a handler's failure")
+
+    broken = Broken("broken", Store(), loop)
+    healthy = Dispatcher("healthy", Store(), loop)
+    reg = HandlerRegistration(EventHandler(on_add=lambda o: seen.append(o["metadata"]["name"])), 0)
+    healthy.registrations = (reg,)
+    broken.start()
+    healthy.start()
+    broken.post(Note("add", (), new=_obj("x")))
+    healthy.post(Note("add", (reg,), new=_obj("after")))
+    assert _wait(lambda: seen == ["after"]), "the other informer's notes are still delivered"
+    for d in (broken, healthy):
+        d.stop()
+        assert d.done.wait(5)
