@@ -228,10 +228,11 @@ class IoMaxWriter:
 class KrbdQos:
     """Publish's step for krbd volumes: the image's limits into the pod's io.max.
 
-    Nothing here fails a publish that the volume could serve: a node-publish secret without a
+    Reading never fails a publish that the volume could serve: a node-publish secret without a
     usable cephx user, an unknown cluster or a failed read of the image (a mon election, a user
     not allowed to read it) leaves the volume unthrottled with a WARNING, as a missing cgroup
-    does; the image may well have no limits at all."""
+    does; the image may well have no limits at all. Only a rule that must be written and cannot
+    be (the device or the pod's io.max refusing it) fails the publish, which the kubelet retries."""
 
     def __init__(self, runner: Runner, timeout: float, writer: IoMaxWriter | None = None) -> None:
         self.runner = runner
@@ -263,7 +264,7 @@ class KrbdQos:
             return
         try:
             limits = self.read_limits(image, monitors, credentials)
-        except CephCSIError as error:
+        except (CephCSIError, OSError) as error:  # OSError: the 0600 key file could not be written
             log.warning("krbd QoS not enforced: the image's limits could not be read; check that the "
                         "monitors are reachable and that the node-publish secret's user may read the "
                         "image's metadata (rbd image-meta list)",

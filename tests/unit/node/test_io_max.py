@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from cephcsi._generated import csi_pb2
+from cephcsi.ceph.credentials import Credentials
 from cephcsi.config.clusters import ClusterRegistry
 from cephcsi.csi.node import NodeServicer
 from cephcsi.errors import Internal, NotFound
@@ -233,7 +234,7 @@ def test_krbd_qos_with_an_unusable_secret_or_cluster_warns_and_publishes_unthrot
                                        secrets, monitors_of)
     assert runner.calls == [] and writer.applied == []
     (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert "krbd QoS not enforced" in warning.getMessage() and getattr(warning, "volume_id", "vol") == "vol"
+    assert "krbd QoS not enforced" in warning.getMessage() and "vol" in str(warning.__dict__)
     logged = " ".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
     assert "s3cr3t-value" not in logged and KEY not in logged
 
@@ -250,6 +251,21 @@ def test_krbd_qos_read_failure_warns_and_publishes_unthrottled(caplog: pytest.Lo
     assert "could not be read" in warning.getMessage() and "rbd image-meta list" in warning.getMessage()
     assert "vol-7" in str(warning.__dict__)
     assert KEY not in str(warning.__dict__)
+
+
+def test_krbd_qos_key_file_failure_warns_and_publishes_unthrottled(caplog: pytest.LogCaptureFixture) -> None:
+    """The 0600 key file cannot be written (a full /tmp): still no reason to refuse the pod."""
+    caplog.set_level(logging.INFO, logger="cephcsi.node.io_max")
+
+    class NoSpace(KrbdQos):
+        def read_limits(self, image: ImageSpec, monitors: str, credentials: Credentials) -> IoLimits:
+            raise OSError(28, "No space left on device")
+    writer = RecordingWriter()
+    NoSpace(FakeRunner(), 5.0, writer).apply("vol-8", MOUNT_TARGET, "/dev/rbd0", ImageSpec("rbd", "img"), "ceph",
+                                             SECRETS, monitors_of)
+    assert writer.applied == []
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "could not be read" in warning.getMessage() and "vol-8" in str(warning.__dict__)
 
 
 def test_writer_does_not_stat_the_device_when_no_rule_is_needed(tmp_path: Path) -> None:
