@@ -131,7 +131,20 @@ class VolumeManager:
                 return False  # ceph-csi's split layout: its image lives elsewhere; left alone
             with journal.locked(uuid, read=True) as hold:
                 record = hold.found
-                if journal.lookup(request.name) != uuid or record is None or record.get(JOURNAL_POOL):
+                current = journal.lookup(request.name)
+                if current != uuid:
+                    # Changed since _find_uuid (a concurrent delete or audit repair holds the id
+                    # lock, not our name lock): an empty record our lock made is nobody's.
+                    if record is None:
+                        journal.discard_orphan(uuid)
+                    if current is None:
+                        return True
+                    raise OperationInFlight(f"the reservation of {request.name!r} in pool {pool!r} changed "
+                                            "while it was checked; the retry looks again")
+                if record is None:
+                    raise OperationInFlight(f"the journal record of {request.name!r} in pool {pool!r} went away "
+                                            "while it was checked; the retry looks again")
+                if record.name != request.name or record.get(JOURNAL_POOL):
                     return False
                 if record.image_id or images.lookup_id(io, record.image_name) is not None:
                     return False
