@@ -1,15 +1,7 @@
-"""RBD groups and group snapshots: the one crash-consistent instant across several images.
-
-`rbd group snap create` quiesces every member (it takes each image's exclusive lock, so writers
-pause) and snapshots them all at once: each member gets a snapshot in the *group namespace*.
-Only librbd may use such a snapshot by id; cloning from one (`rbd_clone4`) and listing a group
-snapshot's members (`rbd_group_snap_get_info`) arrived in Squid. What works on every release
-from Pacific on, and is used here: open the member at its group snapshot's id and copy that
-point into a new image (`copy_at`).
-
-Every step is idempotent (an existing group, member or snapshot counts as done), so a retry
-after a kill anywhere repeats the steps without harm.
-"""
+"""RBD groups and group snapshots: the one crash-consistent instant across several images, and
+a member copied out at its group snapshot (`copy_at`, which works from Pacific on; clone from a
+group snapshot needs Squid). Every step is idempotent (an existing group, member or snapshot
+counts as done). Why copy, and what each release offers: docs/design/ceph-access.md."""
 from __future__ import annotations
 
 import errno

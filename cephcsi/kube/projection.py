@@ -1,24 +1,8 @@
-"""What an informer's cache keeps of each object, and how compactly (issue 38: the controller's
-memory at 20,000 claims).
-
-Two things, both applied by the reflector to every listed object and watch event:
-
-- Drop: fields no loop reads and that can be large — `metadata.managedFields` (over half of a
-  typical object), the `kubectl.kubernetes.io/last-applied-configuration` annotation (a second
-  copy of the object as applied), and a Node's `status.images` (the image list of the node,
-  kilobytes each). Nothing else is dropped, so a loop sees every other field exactly as sent.
-- Share: most of a claim, a PV or an attachment is the same as its neighbours' (the namespace,
-  the class, the driver, the finalizers, the annotations the provisioner writes, `accessModes`,
-  `capacity`, the secret references, a Bound status). Equal pieces at known places are replaced
-  by one shared copy: strings through a pool, small containers through a pool keyed by their
-  content. Both pools are per informer and capped, so objects that do not repeat cost a bounded
-  few hundred kilobytes at most; values seen in turn (creation times, volume attributes) are
-  compared with the previous object's only.
-
-Sharing is safe because cached objects are read-only (cephcsi.kube.store): the equal value a
-loop reads is the same value it would have read, and one that changes a cached object was
-already a bug. The sidecars build updates from copies.
-"""
+"""What an informer's cache keeps of each object, and how compactly (issue 38). Applied by the
+reflector to every listed object and watch event: fields no loop reads and that can be large
+are dropped (managedFields, the last-applied-configuration annotation, a Node's status.images),
+and equal pieces at known places are replaced by one shared copy from per-informer, capped
+pools. Safe because cached objects are read-only. Reasoning: docs/design/kubernetes-machinery.md."""
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -1,28 +1,9 @@
-"""CSI volume group snapshots: one crash-consistent instant across several volumes, each
-member kept as an ordinary snapshot (`csi-snap-<uuid>` with its restore point, in the snapshot
-journal), so restores, DeleteSnapshot and ListSnapshots treat it like any other.
-
-Journal (ceph-csi's group journal, so the two drivers read each other's group snapshots):
-
-    csi.groups.<instance>        key  csi.volume.group.<request name> = <group uuid>
-    csi.volume.group.<uuid>      keys csi.volname, csi.groupname, csi.creationtime, and one key
-                                      per member: <member snapshot id> = <its image name>
-
-The group snapshot id is the volume-id layout with the group's uuid and the members' pool.
-Member snapshot uuids are derived from (group uuid, source volume id), so a retry computes
-the same members and a request that reuses the name with other volumes is told apart.
-
-Steps, each atomic, in this order (a retry after a kill anywhere completes the rest; a
-DeleteVolumeGroupSnapshot undoes any prefix):
-
-    name key → group record with its whole member map (one write) → per member: snapshot record,
-    then its name key → RBD group `csi.groupname` holding the sources → group snapshot (the
-    instant) → per member: copy of the source at its group snapshot, restore point, record →
-    RBD group (and its snapshot) removed
-
-The group snapshot is removed only after every member is copied: members are never cut from
-two instants.
-"""
+"""CSI volume group snapshots: one crash-consistent instant across several volumes, each member
+kept as an ordinary snapshot (`csi-snap-<uuid>` in the snapshot journal) that restores,
+DeleteSnapshot and ListSnapshots treat like any other. Journal in ceph-csi's group layout, so
+the two drivers read each other's group snapshots. Every step is atomic and ordered so that a
+retry after a kill completes the rest and DeleteVolumeGroupSnapshot undoes any prefix; members
+are never cut from two instants. Layout, ids and step order: docs/design/controller.md."""
 from __future__ import annotations
 
 import datetime

@@ -1,13 +1,8 @@
 """`topologyConstrainedPools`: which pool a new volume goes to, given the CO's accessibility
 requirements. Pure: parsing, validation and matching only (cephcsi.volumes.placement reads the
-journals). Design and the ceph-csi rules it follows: docs/topology.md.
-
-Matching is ceph-csi's (internal/util/topology.go): a requirement's segment keys are compared by
-what follows their first '/' (`topology.rbd.csi.ceph.com/zone` → `zone`), a pool matches a
-requirement when every one of its domain segments has that value there, and the requirement
-topologies are tried preferred first, then requisite, each against the pools in the order the
-parameter lists them. The segments answered are the matching requirement's, as ceph-csi does.
-"""
+journals). Matching follows ceph-csi's rules (keys compared after their first '/', preferred
+then requisite, pools in listed order; the matching requirement's segments are answered):
+docs/topology.md."""
 from __future__ import annotations
 
 import json
