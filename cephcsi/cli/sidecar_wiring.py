@@ -37,15 +37,15 @@ from cephcsi.sidecars import kubeerrors
 from cephcsi.sidecars.api import KubeApi
 from cephcsi.sidecars.attacher import strategy as attach_strategy
 from cephcsi.sidecars.attacher.api import AttacherApi
-from cephcsi.sidecars.attacher.controller import AttacherLoop
+from cephcsi.sidecars.attacher.loop import AttacherLoop
 from cephcsi.sidecars.attacher.fencing import KubeNodes, Unfencer
 from cephcsi.sidecars.attacher.publishing import PublishingAttach, node_id_of
 from cephcsi.sidecars.calls import CsiCalls
 from cephcsi.sidecars.capacity import desired as capacity_desired
 from cephcsi.sidecars.capacity.api import CapacityApi
-from cephcsi.sidecars.capacity.controller import CapacityContext, CapacityLoop
+from cephcsi.sidecars.capacity.loop import CapacityContext, CapacityLoop
 from cephcsi.sidecars.capacity.secrets import KubeCapacitySecrets
-from cephcsi.sidecars.controller import (
+from cephcsi.sidecars.leadership import (
     ControllerClients,
     ControllerLoops,
     Leadership,
@@ -55,21 +55,21 @@ from cephcsi.sidecars.controller import (
 )
 from cephcsi.sidecars.groupsnapshotter.api import GroupSnapshotApi
 from cephcsi.sidecars.groupsnapshotter.content import GroupSnapshotterContext
-from cephcsi.sidecars.groupsnapshotter.controller import GroupSnapshotterLoop
+from cephcsi.sidecars.groupsnapshotter.loop import GroupSnapshotterLoop
 from cephcsi.sidecars.provisioner.context import ProvisionerContext, provisioner_identity
-from cephcsi.sidecars.provisioner.controller import ProvisionerLoop
+from cephcsi.sidecars.provisioner.loop import ProvisionerLoop
 from cephcsi.sidecars.provisioner.pvspec import PVOptions
 from cephcsi.sidecars.provisioner.request import RequestOptions
 from cephcsi.sidecars.reclaimspace.api import ReclaimApi
-from cephcsi.sidecars.reclaimspace.controller import ReclaimContext, ReclaimSpaceLoop
+from cephcsi.sidecars.reclaimspace.loop import ReclaimContext, ReclaimSpaceLoop
 from cephcsi.sidecars.registrar import Registrar, RegistrarOptions
 from cephcsi.sidecars.resizer.api import ResizerApi
-from cephcsi.sidecars.resizer.controller import ResizerLoop
+from cephcsi.sidecars.resizer.loop import ResizerLoop
 from cephcsi.sidecars.resizer.worker import ResizerContext
 from cephcsi.sidecars.runner import SidecarRunner
 from cephcsi.sidecars.snapshotter.api import SnapshotApi
 from cephcsi.sidecars.snapshotter.content import SnapshotterContext
-from cephcsi.sidecars.snapshotter.controller import SnapshotterLoop
+from cephcsi.sidecars.snapshotter.loop import SnapshotterLoop
 
 RequestExit = Callable[[int, str], None]
 CONTROLLER_LOOPS = frozenset({"provisioner", "attacher", "resizer", "snapshotter"})

@@ -18,7 +18,7 @@ Thread 4242 (idle): "MainThread"
 Thread 0x7F3A2B1C0640 (idle): "worker-attacher-3"
     get (cephcsi/kube/workqueue.py:120)
 Thread 4250 (active): "worker-attacher-12"
-    _process (cephcsi/sidecars/attacher/controller.py:150)
+    _process (cephcsi/sidecars/attacher/loop.py:150)
 Thread 4251 (idle): "informer-persistent_volume-watch"
 '''
 

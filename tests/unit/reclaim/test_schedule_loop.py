@@ -20,7 +20,7 @@ from cephcsi.kube.informer import Informer
 from cephcsi.sidecars.api import KubeApi
 from cephcsi.sidecars.calls import CsiCalls, Stopping
 from cephcsi.sidecars.reclaimspace.api import ReclaimApi
-from cephcsi.sidecars.reclaimspace.controller import ReclaimContext, ReclaimSpaceLoop
+from cephcsi.sidecars.reclaimspace.loop import ReclaimContext, ReclaimSpaceLoop
 from cephcsi.volumes import reclaim
 
 pytestmark = pytest.mark.unit
@@ -224,5 +224,5 @@ def test_namespaces_never_listed_fall_back_to_claim_and_class_schedules(monkeypa
     loop._namespaces_since = time.monotonic()  # what start() notes when it starts the informer
     assert loop.reconcile() == [] and sparsified == []  # within the patience: waits
     later = time.monotonic() + 3600
-    monkeypatch.setattr("cephcsi.sidecars.reclaimspace.controller.time.monotonic", lambda: later)
+    monkeypatch.setattr("cephcsi.sidecars.reclaimspace.loop.time.monotonic", lambda: later)
     assert loop.reconcile() == ["ns/by-class"] and sparsified == ["vol-by-class"]

@@ -18,7 +18,7 @@ from cephcsi.kube.factory import InformerFactory
 from cephcsi.observability.health import HealthRegistry
 from cephcsi.settings import Settings
 from cephcsi.sidecars.calls import CsiCalls
-from cephcsi.sidecars.controller import ControllerClients, ControllerLoops, Loops, lease_name, lease_namespace
+from cephcsi.sidecars.leadership import ControllerClients, ControllerLoops, Loops, lease_name, lease_namespace
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ from cephcsi._generated import csi_pb2
 from cephcsi.kube.ratelimit import ItemBackoffSettings
 from cephcsi.sidecars.calls import CsiCalls
 from cephcsi.sidecars.snapshotter import content as c
-from cephcsi.sidecars.snapshotter.controller import SnapshotterLoop
+from cephcsi.sidecars.snapshotter.loop import SnapshotterLoop
 from tests.unit.sidecars.fixtures import DRIVER, FAKE_KEY, FakeApi, FakeContents, FakeEvents
 
 pytestmark = pytest.mark.unit

@@ -14,7 +14,7 @@ from cephcsi.errors import InvalidArgument
 from cephcsi.kube.ratelimit import ItemBackoffSettings
 from cephcsi.sidecars.provisioner import claims, datasource
 from cephcsi.sidecars.snapshotter import content as c
-from cephcsi.sidecars.snapshotter.controller import SnapshotterLoop
+from cephcsi.sidecars.snapshotter.loop import SnapshotterLoop
 from tests.unit.sidecars.fixtures import FakeContents
 
 pytestmark = pytest.mark.unit
@@ -93,7 +93,7 @@ def test_snapshotter_idles_without_the_crds_and_starts_when_they_appear(caplog: 
     for _term in range(2):
         stop = threading.Event()
         asked = discovery.calls
-        with caplog.at_level(logging.WARNING, logger="cephcsi.sidecars.snapshotter.controller"):
+        with caplog.at_level(logging.WARNING, logger="cephcsi.sidecars.snapshotter.loop"):
             loop.start(stop)
             deadline = time.monotonic() + 10
             while discovery.calls < asked + 2:  # discovery asked (and answered "no") twice

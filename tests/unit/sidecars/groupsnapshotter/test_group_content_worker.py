@@ -16,7 +16,7 @@ from cephcsi._generated import csi_pb2
 from cephcsi.kube.ratelimit import ItemBackoffSettings
 from cephcsi.sidecars.calls import CsiCalls
 from cephcsi.sidecars.groupsnapshotter import content as g
-from cephcsi.sidecars.groupsnapshotter.controller import GroupSnapshotterLoop
+from cephcsi.sidecars.groupsnapshotter.loop import GroupSnapshotterLoop
 from cephcsi.sidecars.snapshotter import content as c
 from tests.unit.sidecars.fixtures import DRIVER, FAKE_KEY, FakeApi, FakeContents, FakeEvents
 from tests.unit.sidecars.test_snapshot_content_worker import FakeSnapshotApi, FakeSnapshotController, Setup
@@ -269,7 +269,7 @@ def test_without_the_crds_the_loop_says_so_once_at_info(caplog: pytest.LogCaptur
     s.api.served = lambda: False  # type: ignore[method-assign]
     loop = GroupSnapshotterLoop(s.ctx, workers=1, backoff=ItemBackoffSettings(0.001, 0.02), discovery_interval=0.01)
     stop = threading.Event()
-    with caplog.at_level(logging.INFO, logger="cephcsi.sidecars.snapshotter.controller"):
+    with caplog.at_level(logging.INFO, logger="cephcsi.sidecars.snapshotter.loop"):
         loop.start(stop)
         time.sleep(0.1)
         stop.set()

@@ -4,7 +4,7 @@ Every --reclaimspace-poll-interval, for each cached claim whose schedule is due:
 image through the CSI call pool, then record `reclaimspace.cephcsi.ceph.io/last-run` and
 `…/last-result` on the claim (one merge patch) with an Event; nodes trim from that record.
 One volume at a time; an unwritten record is retried before that claim is sparsified again.
-Why: docs/design/sidecars.md, "sidecars/reclaimspace/controller.py".
+Why: docs/design/sidecars.md, "sidecars/reclaimspace/loop.py".
 """
 from __future__ import annotations
 

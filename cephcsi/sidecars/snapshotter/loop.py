@@ -27,7 +27,7 @@ _POLL = 0.2
 
 
 class SnapshotterLoop:
-    """Also the group snapshotter's loop (`cephcsi.sidecars.groupsnapshotter.controller`), which
+    """Also the group snapshotter's loop (`cephcsi.sidecars.groupsnapshotter.loop`), which
     replaces the hooks below: what it is called, which contents are its own and how one is
     handled."""
 

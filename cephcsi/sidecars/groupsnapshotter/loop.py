@@ -13,7 +13,7 @@ from cephcsi.sidecars.groupsnapshotter.api import GROUP
 from cephcsi.sidecars.groupsnapshotter.content import BEING_CREATED, GroupContentWorker, GroupSnapshotterContext
 from cephcsi.sidecars.objects import KubeObject
 from cephcsi.sidecars.snapshotter.content import only_own_bookkeeping
-from cephcsi.sidecars.snapshotter.controller import DISCOVERY_INTERVAL, SnapshotterLoop
+from cephcsi.sidecars.snapshotter.loop import DISCOVERY_INTERVAL, SnapshotterLoop
 
 
 class GroupSnapshotterLoop(SnapshotterLoop):
