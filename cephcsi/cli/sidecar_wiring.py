@@ -304,9 +304,10 @@ def _reclaimspace(parts: _Parts) -> ReclaimSpaceLoop:
         volumes=parts.factory.persistent_volumes(),
         classes=parts.factory.storage_classes(),
         # csi-addons' namespace-level schedule (claim > namespace > class); the loop's own
-        # informer, outside the factory, so a missing RBAC grant cannot hold back every loop.
+        # informer, outside the factory, so a missing RBAC grant cannot hold back every loop;
+        # its handlers still run on the factory's one handler thread.
         namespaces=Informer(k8s.CoreV1Api(parts.api_client).list_namespace, name="namespaces",
-                            settings=parts.factory.settings),
+                            settings=parts.factory.settings, dispatch_loop=parts.factory.dispatch_loop),
         api=parts.api,
         writer=ReclaimApi(parts.api_client),
         events=parts.clients.events,

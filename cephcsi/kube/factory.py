@@ -32,6 +32,12 @@ class InformerFactory:
         # One handler thread for every informer of the factory (their handlers only queue keys).
         self._dispatch_loop = DispatchLoop("informer-handlers")
 
+    @property
+    def dispatch_loop(self) -> DispatchLoop:
+        """The handler thread of the factory's informers, for an informer kept outside the
+        factory (its own sync, not waited for) that need not cost a thread of its own."""
+        return self._dispatch_loop
+
     def for_resource(self, api_class: type, list_method: str, *, namespace: str | None = None,
                      label_selector: str | None = None, field_selector: str | None = None,
                      indexers: Mapping[str, IndexFunc] | None = None) -> Informer:
