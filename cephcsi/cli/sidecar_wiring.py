@@ -322,7 +322,8 @@ def _snapshotter(parts: _Parts) -> SnapshotterLoop:
     snapshots = SnapshotApi(parts.api_client)
     ctx = SnapshotterContext(
         driver_name=parts.settings.driver_name,
-        contents=Informer(snapshots.list_contents, name="volumesnapshotcontents"),
+        contents=Informer(snapshots.list_contents, name="volumesnapshotcontents",
+                          dispatch_loop=parts.factory.dispatch_loop),
         snapshots=snapshots,
         api=parts.api,
         events=parts.clients.events,
@@ -347,7 +348,8 @@ def _groupsnapshotter(parts: _Parts) -> GroupSnapshotterLoop:
     api = GroupSnapshotApi(parts.api_client)
     ctx = GroupSnapshotterContext(
         driver_name=parts.settings.driver_name,
-        contents=Informer(api.list_contents, name="volumegroupsnapshotcontents"),
+        contents=Informer(api.list_contents, name="volumegroupsnapshotcontents",
+                          dispatch_loop=parts.factory.dispatch_loop),
         snapshots=api,
         api=parts.api,
         events=parts.clients.events,
