@@ -33,7 +33,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -113,17 +113,9 @@ class CephTestCluster:
 
     def omap(self, obj: str) -> dict[str, str]:
         """The object's omap as admin sees it ({} when the object does not exist)."""
-        import rados
-
         client, io = self._admin_ioctx()
         try:
-            with rados.ReadOpCtx() as op:
-                items, _ = io.get_omap_vals(op, "", "", -1)
-                try:
-                    io.operate_read_op(op, obj)
-                except rados.ObjectNotFound:
-                    return {}
-                return {k: v.decode() for k, v in items}
+            return read_omap(io, obj)
         finally:
             io.close()
             client.shutdown()
@@ -281,3 +273,16 @@ def ceph_cluster(request: pytest.FixtureRequest) -> Iterator[CephTestCluster]:
     release, auth = session_release(str(request.config.getoption("--ceph-release")))
     with running_cluster("cc-", release, auth) as cluster:
         yield cluster
+
+
+def read_omap(io: Any, obj: str) -> dict[str, str]:
+    """An object's whole omap through an open ioctx ({} when the object does not exist)."""
+    import rados
+
+    with rados.ReadOpCtx() as op:
+        items, _ = io.get_omap_vals(op, "", "", -1)
+        try:
+            io.operate_read_op(op, obj)
+        except rados.ObjectNotFound:
+            return {}
+        return {k: v.decode() for k, v in items}

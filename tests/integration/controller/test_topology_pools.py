@@ -15,7 +15,7 @@ import pytest
 
 from cephcsi._generated import csi_pb2
 from cephcsi.volumes.volume_id import VolumeId
-from tests.ceph.fixtures import CephTestCluster
+from tests.ceph.fixtures import CephTestCluster, read_omap
 from tests.integration.controller.helpers import create_request, until_ok
 from tests.integration.controller.snapshot_helpers import from_snapshot, snapshot_request
 from tests.integration.driver import DriverProcess
@@ -36,17 +36,9 @@ def admin(ceph_cluster: CephTestCluster) -> Iterator[Any]:
 
 
 def _omap(admin: Any, pool: str, obj: str) -> dict[str, str]:
-    import rados
-
     io = admin.open_ioctx(pool)
     try:
-        with rados.ReadOpCtx() as op:
-            items, _ = io.get_omap_vals(op, "", "", -1)
-            try:
-                io.operate_read_op(op, obj)
-            except rados.ObjectNotFound:
-                return {}
-            return {k: v.decode() for k, v in items}
+        return read_omap(io, obj)
     finally:
         io.close()
 
