@@ -49,112 +49,19 @@ from bench.sections.base import Section
 from bench.stats import Spread, percentile, ratio, spread
 from cephcsi._generated import csi_pb2, csi_pb2_grpc
 from cephcsi.node.mappers.loops import attached_loops
+from bench.sections.node_scale_figures import (
+    BASELINE_CYCLES, STATS_CONCURRENCY, Figures, count, loops_under, rbd_fuse_daemons, volume_count, _fds, _read)
+from bench.sections.node_scale_report import _data, _goals, _latency_table, _process_table, _restart_table, _stats_table
 from tests.integration.driver import DriverProcess
 
 log = logging.getLogger("bench")
 
 NAME = "node-scale"
 TITLE = "2c. Node at scale: one node plugin with N staged and published volumes (rbd-fuse)"
-DEFAULT_VOLUMES = 100
-QUICK_VOLUMES = 10
-ENDS = 10
-"""How many volumes at each end of the sequence are compared (first ENDS against last ENDS)."""
-BASELINE_CYCLES = 3
-STATS_CONCURRENCY = 8
-KUBELET_STATS_PERIOD_S = 60.0
-"""The kubelet's --volume-stats-agg-period default: it asks every volume's stats once per period."""
-RESTART_GOAL_S = 10.0
+
 SERVE_TIMEOUT_S = 120.0
 RPC_TIMEOUT_S = 180.0
 MARKER = "bench-node-scale.txt"
-
-
-# ---- pure helpers (unit-tested) ------------------------------------------------------------------
-
-
-def volume_count(options: Options) -> int:
-    """--node-volumes, else 10 with --quick and 100 otherwise."""
-    chosen = options.extra.get("node_volumes")
-    if chosen is not None:
-        return int(chosen)
-    return QUICK_VOLUMES if options.quick else DEFAULT_VOLUMES
-
-
-@dataclass(frozen=True)
-class Ends:
-    """The first k and the last k samples of a sequence, and how the two compare."""
-
-    k: int
-    first: Spread
-    last: Spread
-
-    @property
-    def ratio(self) -> float | None:
-        """Median of the last k over the median of the first k."""
-        return ratio(self.last.median, self.first.median)
-
-    @property
-    def as_fast(self) -> bool:
-        """The last k's median is no slower than the first k's upper quartile: 'as fast ± spread'.
-        Not their maximum: on a shared box one stalled call among the first would pass anything."""
-        return self.last.median <= self.first.q3
-
-    def verdict(self) -> str:
-        word = "within the first's upper quartile" if self.as_fast else "above the first's upper quartile"
-        return f"{report.times(self.ratio)}, {word}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"k": self.k, "first": self.first.to_json(), "last": self.last.to_json(), "ratio": self.ratio,
-                "as_fast": self.as_fast}
-
-
-def ends(samples: Sequence[float], k: int = ENDS) -> Ends | None:
-    """First k against last k (k shrinks to half the samples so the two never overlap); None for
-    fewer than two samples."""
-    k = min(k, len(samples) // 2)
-    if k < 1:
-        return None
-    return Ends(k=k, first=spread(samples[:k]), last=spread(samples[-k:]))
-
-
-def per_volume(before: float, after: float, volumes: int) -> float | None:
-    """Growth per volume between two readings (None without volumes)."""
-    return (after - before) / volumes if volumes > 0 else None
-
-
-def rbd_fuse_daemons(root: str, proc: str = "/proc") -> dict[int, str]:
-    """Live rbd-fuse processes whose argv names a path under root: pid → that path (the last such
-    argument, the mount point; the -c ceph.conf beside it is under root too)."""
-    prefix = os.fsencode(os.path.realpath(root).rstrip("/") + "/")
-    found: dict[int, str] = {}
-    try:
-        entries = os.listdir(proc)
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc, entry, "cmdline"), "rb") as handle:
-                argv = [a for a in handle.read().split(b"\0") if a]
-        except OSError:
-            continue  # gone meanwhile
-        if not argv or os.path.basename(argv[0]) != b"rbd-fuse":
-            continue
-        under = [a for a in argv[1:] if a.startswith(prefix)]
-        if under:
-            found[int(entry)] = os.fsdecode(under[-1])
-    return found
-
-
-def loops_under(root: str, sys_block: str | None = None) -> list[str]:
-    """Attached loop devices whose backing file is under root."""
-    prefix = os.path.realpath(root).rstrip("/") + "/"
-    return [device for device, backing in attached_loops(sys_block) if backing.startswith(prefix)]
-
-
-def count(flags: Sequence[bool]) -> str:
-    return f"{sum(flags)}/{len(flags)}"
 
 
 # ---- the plugin and the volumes --------------------------------------------------------------------
@@ -283,52 +190,6 @@ class ScaleNode:
         return not (answer.HasField("volume_condition") and answer.volume_condition.abnormal)
 
 
-def _fds(pid: int) -> int | None:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
-
-
-@dataclass
-class Reading:
-    """The plugin's /proc figures at one moment."""
-
-    label: str
-    sample: procstat.ProcessSample
-    fds: int | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"label": self.label, **self.sample.to_json(), "fds": self.fds}
-
-
-def _read(label: str, pid: int) -> Reading:
-    return Reading(label, procstat.sample(pid), _fds(pid))
-
-
-@dataclass
-class Figures:
-    """Everything the section measured, filled in as it goes (a failure keeps what was reached)."""
-
-    volumes: int
-    first_start_s: float | None = None
-    restart_s: float | None = None
-    readings: list[Reading] = field(default_factory=list)
-    series: list[dict[str, float | int | None]] = field(default_factory=list)
-    """Per volume, in stage order: its stage/publish latency and the plugin's RSS/threads after it."""
-    stage: list[float] = field(default_factory=list)
-    publish: list[float] = field(default_factory=list)
-    unpublish: list[float] = field(default_factory=list)
-    unstage: list[float] = field(default_factory=list)
-    stage_cpu: list[float] = field(default_factory=list)
-    """The plugin's CPU seconds over each volume's stage+publish (/proc ticks: 10 ms steps)."""
-    manual_empty: node_ops.Timings = field(default_factory=node_ops.Timings)
-    manual_full: node_ops.Timings = field(default_factory=node_ops.Timings)
-    stats: dict[str, Batch[bool]] = field(default_factory=dict)
-    checks: dict[str, str] = field(default_factory=dict)
-    fuse_rss_bytes: int | None = None
-    fuse_threads: int | None = None
-    leftovers: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _manual_cycles(env: Environment, manual: node_ops.ManualPath, raw: RawRbd, into: node_ops.Timings) -> None:
@@ -498,135 +359,6 @@ def _teardown(env: Environment, node: ScaleNode, placed: list[Placed], figures: 
 # ---- tables ------------------------------------------------------------------------------------------
 
 
-def _median(samples: Sequence[float]) -> float | None:
-    return percentile(samples, 50) if samples else None
-
-
-def _cell(s: Spread | None) -> str:
-    return "—" if s is None else f"{s.median * 1000:.1f} ({s.low * 1000:.1f}–{s.high * 1000:.1f})"
-
-
-def _sum(a: Sequence[float], b: Sequence[float]) -> list[float]:
-    return [x + y for x, y in zip(a, b)]
-
-
-def _latency_table(f: Figures) -> tuple[Table, dict[str, Any]]:
-    e = ends(f.stage)
-    k = e.k if e else 0
-    table = Table(title=f"latency in ms over the {f.volumes} volumes in turn: the first {k} against the last {k} "
-                        "(median (min–max)); by hand = section 2's steps (rbd-fuse, losetup, mkfs.ext4, mount; "
-                        f"bind mount), {BASELINE_CYCLES} cycles with nothing staged and {BASELINE_CYCLES} beside the "
-                        f"{f.volumes} staged volumes, median",
-                  columns=["steps", f"first {k}", f"last {k}", "last / first", "by hand, 0 staged",
-                           f"by hand, {f.volumes} staged", "first ÷ by hand (0)", f"last ÷ by hand ({f.volumes})"])
-    rows: list[tuple[str, list[float], list[float], list[float]]] = [
-        ("stage+publish", _sum(f.stage, f.publish), f.manual_empty.up(), f.manual_full.up()),
-        ("  stage", f.stage, f.manual_empty.stage, f.manual_full.stage),
-        ("  publish", f.publish, f.manual_empty.publish, f.manual_full.publish),
-        ("unpublish+unstage", _sum(f.unpublish, f.unstage), f.manual_empty.down(), f.manual_full.down()),
-        ("  unpublish", f.unpublish, f.manual_empty.unpublish, f.manual_full.unpublish),
-        ("  unstage", f.unstage, f.manual_empty.unstage, f.manual_full.unstage),
-    ]
-    data: dict[str, Any] = {}
-    cpu = ends(f.stage_cpu)
-    data["plugin cpu per stage+publish"] = cpu.to_json() if cpu else None
-    for label, samples, empty, full in rows:
-        got = ends(samples)
-        m0, mn = _median(empty), _median(full)
-        data[label.strip()] = got.to_json() if got else None
-        table.add(label, _cell(got.first if got else None), _cell(got.last if got else None),
-                  got.verdict() if got else "—", report.ms(m0), report.ms(mn),
-                  report.times(ratio(got.first.median, m0) if got and m0 else None),
-                  report.times(ratio(got.last.median, mn) if got and mn else None))
-        if label == "  publish":
-            table.add("  the plugin's CPU in stage+publish", _cell(cpu.first if cpu else None),
-                      _cell(cpu.last if cpu else None), cpu.verdict() if cpu else "—", "—", "—", "—", "—")
-    return table, data
-
-
-def _process_table(f: Figures) -> Table:
-    table = Table(title="the node plugin process (/proc/<pid>/status, /proc/<pid>/fd)",
-                  columns=["when", "VmRSS MiB", "VmHWM MiB", "threads", "open fds"])
-    for r in f.readings:
-        table.add(r.label, report.mib(r.sample.rss_bytes), report.mib(r.sample.hwm_bytes), r.sample.threads,
-                  "—" if r.fds is None else r.fds)
-    if len(f.readings) >= 2:
-        empty, full = f.readings[0], f.readings[1]
-        rss = per_volume(empty.sample.rss_bytes, full.sample.rss_bytes, f.volumes)
-        threads = per_volume(empty.sample.threads, full.sample.threads, f.volumes)
-        fds = per_volume(empty.fds, full.fds, f.volumes) if empty.fds is not None and full.fds is not None else None
-        table.add("per staged volume (staged − started) / N", "—" if rss is None else f"{rss / 1024:.1f} KiB", "—",
-                  report.num(threads, 2), report.num(fds, 2))
-    if f.fuse_rss_bytes is not None:
-        table.add(f"the {f.volumes} rbd-fuse daemons together (the mapping, not the plugin)",
-                  report.mib(f.fuse_rss_bytes), "—", f.fuse_threads, "—")
-    return table
-
-
-def _stats_table(f: Figures) -> Table:
-    table = Table(title=f"NodeGetVolumeStats of all {f.volumes} volumes against the kubelet's "
-                        f"{KUBELET_STATS_PERIOD_S:.0f} s period (--volume-stats-agg-period)",
-                  columns=["batch", "total s", "p50 ms", "p99 ms", "healthy", "errors", "share of the period"])
-    for label, batch in f.stats.items():
-        healthy = sum(1 for r in batch.results if r)
-        table.add(label, f"{batch.wall_s:.2f}", report.ms(_median(batch.latencies)),
-                  report.ms(percentile(batch.latencies, 99) if batch.latencies else None),
-                  f"{healthy}/{f.volumes}", len(batch.errors), f"{batch.wall_s / KUBELET_STATS_PERIOD_S * 100:.1f}%")
-    return table
-
-
-def _restart_table(f: Figures) -> Table:
-    table = Table(title="start and SIGKILL + restart: launch → Probe and NodeGetCapabilities answered",
-                  columns=["figure", "value"])
-    table.add("start with nothing staged, s", report.num(f.first_start_s, 2))
-    table.add(f"restart after SIGKILL with {f.volumes} staged, s", report.num(f.restart_s, 2))
-    for label, value in f.checks.items():
-        table.add(label, value)
-    return table
-
-
-def _goals(f: Figures) -> Table:
-    table = Table(title="issue 38, deliverable 5 (node at scale)", columns=["goal", "measured", "verdict"])
-    up = ends(_sum(f.stage, f.publish))
-    table.add(f"stage+publish of the last {up.k if up else 0} as fast as the first (± spread)",
-              up.verdict() if up else "—", "met" if up and up.as_fast else "NOT met")
-    floor0, floorn = _median(f.manual_empty.up()), _median(f.manual_full.up())
-    if up and floor0 and floorn:
-        first_x, last_x = up.first.median / floor0, up.last.median / floorn
-        table.add(f"the same against the floor measured beside it (by hand with 0, then {f.volumes} staged)",
-                  f"{report.times(first_x)} → {report.times(last_x)} the floor "
-                  f"(the floor itself {report.times(floorn / floor0)})",
-                  "informational: how much of the slowdown is the host's")
-    intact = [v for k, v in f.checks.items() if k != "plugin CPU per stage+publish, ms"]
-    all_intact = bool(intact) and all(v.split("/")[0] == v.split("/")[1] for v in intact)
-    restart_ok = f.restart_s is not None and f.restart_s <= RESTART_GOAL_S
-    table.add(f"restart to serving ≤ {RESTART_GOAL_S:.0f} s, every mount intact",
-              f"{report.num(f.restart_s, 2)} s; " + ", ".join(f"{k}: {v}" for k, v in f.checks.items()
-                                                             if k != "plugin CPU per stage+publish, ms"),
-              "met" if restart_ok and all_intact else "NOT met")
-    seq = f.stats.get("all staged, c=1")
-    table.add(f"NodeGetVolumeStats of all {f.volumes} within the kubelet's {KUBELET_STATS_PERIOD_S:.0f} s",
-              "—" if seq is None else f"{seq.wall_s:.2f} s sequential",
-              "met" if seq and not seq.errors and seq.wall_s <= KUBELET_STATS_PERIOD_S else "NOT met")
-    full = f.readings[1].sample.rss_bytes if len(f.readings) >= 2 else None
-    table.add("RSS reported", f"{report.mib(full)} MiB with {f.volumes} staged", "reported" if full else "—")
-    table.add("nothing left mounted, attached or running afterwards",
-              "; ".join(f"{k}: {len(v)}" for k, v in f.leftovers.items()) or "nothing left",
-              "met" if not f.leftovers else "NOT met")
-    return table
-
-
-def _data(f: Figures, latency: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "volumes": f.volumes, "first_start_s": f.first_start_s, "restart_s": f.restart_s,
-        "readings": [r.to_json() for r in f.readings], "series": f.series, "ends": latency,
-        "latencies": {"stage": f.stage, "publish": f.publish, "unpublish": f.unpublish, "unstage": f.unstage},
-        "manual_empty": f.manual_empty.to_json(), "manual_full": f.manual_full.to_json(),
-        "stats": {k: {"wall_s": b.wall_s, "latencies": b.latencies, "healthy": sum(1 for r in b.results if r),
-                      "errors": b.errors} for k, b in f.stats.items()},
-        "checks": f.checks, "fuse_rss_bytes": f.fuse_rss_bytes, "fuse_threads": f.fuse_threads,
-        "leftovers": f.leftovers,
-    }
 
 
 def run(env: Environment) -> SectionResult:

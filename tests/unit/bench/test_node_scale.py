@@ -8,8 +8,8 @@ import pytest
 from bench.cli import build_parser, options_from
 from bench.load import Batch
 from bench.procstat import ProcessSample
-from bench.sections import node_scale
-from bench.sections.node_scale import Figures, Reading, ends, loops_under, per_volume, rbd_fuse_daemons
+from bench.sections import node_scale_figures, node_scale_report
+from bench.sections.node_scale_figures import Figures, Reading, ends, loops_under, per_volume, rbd_fuse_daemons
 
 pytestmark = pytest.mark.unit
 
@@ -67,7 +67,7 @@ def test_loops_under_reads_the_backing_files_from_sysfs(tmp_path: Path) -> None:
 
 def test_the_volume_count_flag() -> None:
     def options(*argv: str) -> int:
-        return node_scale.volume_count(options_from(build_parser().parse_args(list(argv))))
+        return node_scale_figures.volume_count(options_from(build_parser().parse_args(list(argv))))
 
     assert (options(), options("--quick"), options("--quick", "--node-volumes", "40")) == (100, 10, 40)
     with pytest.raises(SystemExit):
@@ -94,7 +94,7 @@ def _figures(restart_s: float, survived: str, last_stage_s: float, stats_wall_s:
 
 
 def _verdicts(f: Figures) -> list[str]:
-    return [row[-1] for row in node_scale._goals(f).rows if not row[-1].startswith("informational")]
+    return [row[-1] for row in node_scale_report._goals(f).rows if not row[-1].startswith("informational")]
 
 
 def test_goal_verdicts_follow_the_figures() -> None:
@@ -109,16 +109,16 @@ def test_goal_verdicts_follow_the_figures() -> None:
 def test_tables_render_with_the_per_volume_growth() -> None:
     f = _figures(3.0, "20/20", 0.10, 1.0, {})
     f.manual_empty.stage, f.manual_empty.publish = [0.08], [0.002]
-    process = node_scale._process_table(f)
+    process = node_scale_report._process_table(f)
     assert process.rows[-1][:3] == ["per staged volume (staged − started) / N", "102.4 KiB", "—"]
-    latency, data = node_scale._latency_table(f)
+    latency, data = node_scale_report._latency_table(f)
     assert latency.rows[0][0] == "stage+publish" and latency.rows[0][6] == "1.24×"  # 0.102 / 0.082
     assert data["stage"]["as_fast"] is True
     assert data["plugin cpu per stage+publish"] is None  # no CPU readings: no row figures, no crash
     f.stage_cpu = [0.02] * 10 + [0.05] * 10
-    latency, data = node_scale._latency_table(f)
+    latency, data = node_scale_report._latency_table(f)
     cpu_row = next(r for r in latency.rows if r[0].strip().startswith("the plugin's CPU"))
     assert cpu_row[1:4] == ["20.0 (20.0–20.0)", "50.0 (50.0–50.0)", "2.50×, above the first's upper quartile"]
     f.manual_full.stage, f.manual_full.publish = [0.16], [0.004]
-    floor_row = [r for r in node_scale._goals(f).rows if r[-1].startswith("informational")]
+    floor_row = [r for r in node_scale_report._goals(f).rows if r[-1].startswith("informational")]
     assert floor_row and floor_row[0][1] == "1.24× → 0.62× the floor (the floor itself 2.00×)"
