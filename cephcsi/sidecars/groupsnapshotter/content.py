@@ -177,7 +177,10 @@ class GroupContentWorker(ContentWorker):
         """Create or import the group; the content as the last write returned it (None when
         nothing was written or the content is gone)."""
         name = objects.name(content)
-        if (content.get("status") or {}).get("readyToUse"):
+        answered_and_deleting = objects.deleting(content) and self._answered(content)
+        if (content.get("status") or {}).get("readyToUse") or answered_and_deleting:
+            # A deleted content whose handle is known needs no new answer (nor the class or
+            # secret to ask with) before its deletion, ready or not.
             if BEING_CREATED in objects.annotations_of(content):
                 # Left by a crash between the status write and its removal.
                 return self.ctx.snapshots.patch_content(name, {"metadata": {"annotations": {BEING_CREATED: None}}})

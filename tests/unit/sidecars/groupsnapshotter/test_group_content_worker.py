@@ -207,6 +207,17 @@ def test_a_deleted_content_left_ready_by_a_crash_is_deleted_in_the_same_pass() -
     assert request.group_snapshot_id == GROUP_HANDLE and s.now()["metadata"]["finalizers"] == []
 
 
+def test_a_deleted_content_answered_but_not_ready_is_deleted_without_its_class() -> None:
+    """A crash between the status write and the annotation's removal, then the class went."""
+    s = GroupSetup(group_content(deleting=True, status={**CUT, "readyToUse": False},
+                                 annotations={g.BEING_DELETED: "yes", g.BEING_CREATED: "yes", **DELETION}))
+    s.api.classes.clear()
+    s.worker.process("groupsnapcontent-1")
+    assert not s.groups.created
+    (request,) = s.groups.deleted
+    assert request.group_snapshot_id == GROUP_HANDLE and s.now()["metadata"]["finalizers"] == []
+
+
 def test_a_deleted_content_whose_answer_is_not_ready_is_deleted_on_the_retry() -> None:
     s = GroupSetup(group_content(deleting=True, annotations={g.BEING_DELETED: "yes", g.BEING_CREATED: "yes", **DELETION}),
                    groups=FakeGroupController(False))
