@@ -131,6 +131,8 @@ class Connection:
     users: int = 0
     last_used: float = 0.0
     broken: bool = False
+    kept: bool = False
+    """A caller that keeps connections (the default) has used it: a one-off user does not close it."""
     # Guards handle/_attempt/_failure only and is never held while librados connects, so a
     # waiter can always give up in time; other clusters have their own Connection and lock.
     _state: threading.Lock = field(default_factory=threading.Lock)
@@ -335,15 +337,21 @@ class ConnectionCache:
         self._lock = threading.Lock()
 
     @contextmanager
-    def session(self, cluster: ClusterConfig, credentials: Credentials) -> Iterator[Session]:
+    def session(self, cluster: ClusterConfig, credentials: Credentials, keep: bool = True) -> Iterator[Session]:
+        """`keep=False` is for a rare one-off call (a read once per leader term): a connection it
+        had to open is closed when its last user ends unless a keeping caller used it meanwhile,
+        so an idle process does not keep a librados client (a dozen threads) for the one-off."""
         key = (cluster.cluster_id, cluster.mon_host, credentials.fingerprint)
+        opened = False
         with self._lock:
             connection = self._connections.get(key)
             if connection is None or connection.broken:
                 connection = Connection(cluster, credentials, self.settings, self._opener, self._clock,
                                         gate=verified.HandWriteGate(self._hand_writes))
                 self._connections[key] = connection
+                opened = True
             connection.users += 1
+            connection.kept |= keep
         try:
             yield Session(connection)
         except CephCSIError as error:
@@ -355,7 +363,9 @@ class ConnectionCache:
             with self._lock:
                 connection.users -= 1
                 connection.last_used = self._clock()
-                retire = connection.broken and connection.users == 0
+                retire = connection.users == 0 and (connection.broken or (opened and not connection.kept))
+                if retire and self._connections.get(key) is connection:
+                    del self._connections[key]
             if retire:
                 connection.close()
             self._close_idle()

@@ -162,7 +162,7 @@ class Publisher:
     def fenced(self, cluster_id: str, pool: str, credentials: Credentials) -> dict[str, str]:
         """The pool's fence ledger: `<node id>/<address>` → volume id."""
         cluster = self.clusters.get(cluster_id)
-        with self.connections.session(cluster, credentials) as session, session.ioctx(pool) as io:
+        with self.connections.session(cluster, credentials, keep=False) as session, session.ioctx(pool) as io:
             return omap.read(io, FENCE_LEDGER) or {}
 
     # ---- steps ---------------------------------------------------------------------------------

@@ -195,3 +195,36 @@ def test_an_unexpected_connect_failure_is_reported_to_every_waiter(lib: FakeLibr
     cache = ConnectionCache(CephSettings())
     with pytest.raises(CephCSIError, match="failed unexpectedly.*boom"):
         connect(cache)
+
+
+def test_a_one_off_session_closes_the_connection_it_opened(lib: FakeLibrados) -> None:
+    """A once-per-term read (keep=False) must not leave an idle librados client behind."""
+    cache = ConnectionCache(CephSettings(mount_timeout=10.0))
+    with cache.session(CLUSTER, USER, keep=False) as session:
+        handle = session.rados
+    assert isinstance(handle, FakeHandle) and handle.shut, "the one-off session's connection stayed open"
+    assert connect(cache) is not handle, "a later caller got the closed connection"
+    assert lib.connects[CLUSTER.mon_host] == 2
+
+
+def test_a_one_off_session_leaves_a_shared_connection_open(lib: FakeLibrados) -> None:
+    """Kept connections stay: a one-off session on a connection that was already open, or that a
+    keeping session used meanwhile, does not close it; two one-offs close theirs after the last."""
+    cache = ConnectionCache(CephSettings(mount_timeout=10.0))
+    kept = connect(cache)
+    with cache.session(CLUSTER, USER, keep=False) as session:
+        assert session.rados is kept
+    assert isinstance(kept, FakeHandle) and not kept.shut
+    with cache.session(OTHER, USER, keep=False) as one_off:
+        with cache.session(OTHER, USER) as shared:
+            other = shared.rados
+        assert one_off.rados is other
+    assert isinstance(other, FakeHandle) and not other.shut, "a keeping caller's connection was closed"
+    third = ClusterConfig("c3", ("127.0.0.3:1",))
+    with cache.session(third, USER, keep=False) as first:
+        with cache.session(third, USER, keep=False) as second:
+            assert second.rados is first.rados
+        handle = first.rados
+        assert isinstance(handle, FakeHandle) and not handle.shut, "closed under its other user"
+    assert handle.shut
+    assert connect(cache) is kept and lib.connects[CLUSTER.mon_host] == 1
