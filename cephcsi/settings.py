@@ -131,6 +131,10 @@ class SidecarSettings:
     """--feature-gates=Topology=true: the controller advertises VOLUME_ACCESSIBILITY_CONSTRAINTS,
     so its provisioner sends accessibility requirements and writes PV node affinity (opt-in, as
     external-provisioner's gate and ceph-csi's chart)."""
+    strict_topology: bool = False
+    """--strict-topology: a WaitForFirstConsumer claim asks for its node's segment only."""
+    immediate_topology: bool = True
+    """--immediate-topology: an Immediate claim without allowedTopologies asks for every node's segment."""
     default_fstype: str = "ext4"
     kubelet_registration_path: str = ""
     capacity: CapacitySettings = field(default_factory=CapacitySettings)

@@ -179,6 +179,12 @@ def _sidecar_flags(p: argparse.ArgumentParser) -> None:
                    help="external-provisioner's gates: Topology=true makes the controller advertise "
                         "VOLUME_ACCESSIBILITY_CONSTRAINTS and the provisioner send accessibility requirements "
                         "(needed by topologyConstrainedPools; the nodes need --domainlabels)")
+    s.add_argument("--strict-topology", type=_bool, nargs="?", const=True, default=False,
+                   help="with topology: a WaitForFirstConsumer claim's CreateVolume requires the selected node's "
+                        "segment only (default: every segment, the node's preferred)")
+    s.add_argument("--immediate-topology", type=_bool, nargs="?", const=True, default=True,
+                   help="with topology: an Immediate claim without allowedTopologies requires one of the nodes' "
+                        "segments (false: no requirement, the class pool)")
     s.add_argument("--default-fstype", default="ext4")
     s.add_argument("--enable-capacity", type=_bool, nargs="?", const=True, default=False,
                    help="publish CSIStorageCapacity objects from GetCapacity (with the provisioner)")
@@ -288,6 +294,8 @@ def _sidecar_settings(a: argparse.Namespace, parser: argparse.ArgumentParser) ->
         http_endpoint=a.http_endpoint,
         extra_create_metadata=a.extra_create_metadata,
         topology=a.feature_gates.get("Topology", False),
+        strict_topology=a.strict_topology,
+        immediate_topology=a.immediate_topology,
         default_fstype=a.default_fstype,
         kubelet_registration_path=a.kubelet_registration_path,
         capacity=CapacitySettings(a.enable_capacity, a.capacity_poll_interval, a.capacity_for_immediate_binding,

@@ -59,6 +59,7 @@ from cephcsi.sidecars.groupsnapshotter.loop import GroupSnapshotterLoop
 from cephcsi.sidecars.provisioner.context import ProvisionerContext, provisioner_identity
 from cephcsi.sidecars.provisioner.loop import ProvisionerLoop
 from cephcsi.sidecars.provisioner.pvspec import PVOptions
+from cephcsi.sidecars.provisioner.topology import TopologyPolicy
 from cephcsi.sidecars.provisioner.request import RequestOptions
 from cephcsi.sidecars.reclaimspace.api import ReclaimApi
 from cephcsi.sidecars.reclaimspace.loop import ReclaimContext, ReclaimSpaceLoop
@@ -220,6 +221,7 @@ def _provisioner(parts: _Parts) -> ProvisionerLoop:
         nodes=factory.nodes() if use_topology else None,
         csinodes=factory.csi_nodes() if use_topology else None,
         snapshots=SnapshotApi(parts.api_client),
+        topology_policy=TopologyPolicy(sidecar.strict_topology, sidecar.immediate_topology),
     )
     return ProvisionerLoop(ctx, workers=sidecar.worker_threads, backoff=parts.backoff)
 

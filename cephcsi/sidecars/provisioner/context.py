@@ -14,6 +14,7 @@ from cephcsi.sidecars.calls import CsiCalls
 from cephcsi.sidecars.objects import KubeObject
 from cephcsi.sidecars.provisioner.pvspec import PVOptions
 from cephcsi.sidecars.provisioner.request import RequestOptions
+from cephcsi.sidecars.provisioner.topology import TopologyPolicy
 from cephcsi.sidecars.snapshotter.api import SnapshotApi
 
 
@@ -41,6 +42,8 @@ class ProvisionerContext:
     """Only with topology."""
     snapshots: SnapshotApi | None = None
     """VolumeSnapshot reads for claims restored from a snapshot (cephcsi.sidecars.provisioner.datasource)."""
+    topology_policy: TopologyPolicy = TopologyPolicy()
+    """--strict-topology / --immediate-topology (used only with topology)."""
 
     def storage_class(self, name: str) -> KubeObject | None:
         """The claim's class from the cache, or live when the cache lacks it: a class created just

@@ -173,9 +173,13 @@ class ClaimWorker:
             node = ctx.nodes.get(node_name)
             if node is None:
                 raise NotFound(f'failed to get target node: node "{node_name}" not found')
-            return topology.requirement(ctx.driver_name, storage_class, node, ctx.csinodes.get(node_name))
-        pairs = [(n, ctx.csinodes.get(objects.name(n)) or {}) for n in ctx.nodes.list()]
-        return topology.requirement(ctx.driver_name, storage_class, None, None, pairs)
+        else:
+            node = None
+        nodes, csinodes = ctx.nodes, ctx.csinodes
+        pairs = ((n, csinodes.get(objects.name(n)) or {}) for n in nodes.list())
+        return topology.requirement(ctx.driver_name, storage_class, node,
+                                    ctx.csinodes.get(node_name) if node_name else None, pairs,
+                                    ctx.topology_policy, objects.name(claim))
 
     def _failed(self, claim: KubeObject, error: BaseException, started: float,
                 storage_class: KubeObject | None = None) -> None:

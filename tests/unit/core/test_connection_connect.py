@@ -197,6 +197,11 @@ def test_an_unexpected_connect_failure_is_reported_to_every_waiter(lib: FakeLibr
         connect(cache)
 
 
+def is_shut(handle: object) -> bool:
+    assert isinstance(handle, FakeHandle)
+    return handle.shut
+
+
 def test_a_one_off_session_closes_the_connection_it_opened(lib: FakeLibrados) -> None:
     """A once-per-term read (keep=False) must not leave an idle librados client behind."""
     cache = ConnectionCache(CephSettings(mount_timeout=10.0))
@@ -225,6 +230,6 @@ def test_a_one_off_session_leaves_a_shared_connection_open(lib: FakeLibrados) ->
         with cache.session(third, USER, keep=False) as second:
             assert second.rados is first.rados
         handle = first.rados
-        assert isinstance(handle, FakeHandle) and not handle.shut, "closed under its other user"
-    assert handle.shut
+        assert not is_shut(handle), "closed under its other user"
+    assert is_shut(handle), "the one-offs' own connection outlived both"
     assert connect(cache) is kept and lib.connects[CLUSTER.mon_host] == 1
