@@ -10,6 +10,7 @@ from __future__ import annotations
 from bench.sections import (
     controller_ops,
     go_sidecars,
+    group_snapshots,
     kube_failover,
     kube_provisioning,
     node_ops,
@@ -31,6 +32,7 @@ SECTIONS: tuple[Section, ...] = (
     kube_provisioning.SECTION,
     kube_failover.SECTION,
     snapshots.SECTION,
+    group_snapshots.SECTION,
     scale.SECTION,
 )
 
