@@ -55,6 +55,16 @@ def is_candidate(claim: Mapping[str, Any], driver_name: str) -> bool:
     )
 
 
+def settled(claim: Mapping[str, Any], driver_name: str) -> bool:
+    """The claim needs nothing from the worker: bound, not being deleted, no provisioning
+    finalizer (decide() says SKIP and there is no clone protection to release). The handlers
+    leave such claims out of the queue, so a start or a resync over thousands of bound claims
+    costs no worker round trips; any change that could need work (deletion, a finalizer) comes
+    as an update that fails this test."""
+    return (not objects.deleting(claim) and bool(objects.spec(claim).get("volumeName"))
+            and not objects.has_finalizer(claim, names.provisioning_finalizer(driver_name)))
+
+
 def decide(claim: Mapping[str, Any], storage_class: Mapping[str, Any] | None, pv_exists: bool,
            driver_name: str) -> Decision:
     """What to do with `claim`; `pv_exists` tells whether PV pvc-<uid> is in the cache."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cephcsi._generated import csi_pb2
@@ -50,6 +51,17 @@ def released(pv: KubeObject) -> bool:
     if objects.deleting(pv):
         return objects.has_finalizer(pv, names.PV_FINALIZER) and phase(pv) != "Bound"
     return phase(pv) == "Released"
+
+
+def settled(pv: KubeObject, claim_uid_of: Callable[[str], str | None]) -> bool:
+    """A Delete-policy PV of ours that needs nothing from the worker: Bound, guarded by our
+    finalizer, not being deleted, and its claim (`claim_uid_of("<namespace>/<name>")`, from the
+    cache) still the one it was bound to. Static PVs and anything uncertain go to the worker."""
+    spec = objects.spec(pv)
+    ref = spec.get("claimRef") or {}
+    return (spec.get("persistentVolumeReclaimPolicy") == names.RECLAIM_DELETE and phase(pv) == "Bound"
+            and not objects.deleting(pv) and objects.has_finalizer(pv, names.PV_FINALIZER)
+            and bool(ref.get("uid")) and claim_uid_of(f"{ref.get('namespace')}/{ref.get('name')}") == ref.get("uid"))
 
 
 class VolumeWorker:

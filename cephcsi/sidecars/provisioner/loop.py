@@ -15,6 +15,7 @@ from cephcsi.sidecars.objects import KubeObject
 from cephcsi.sidecars.provisioner import claims, names
 from cephcsi.sidecars.provisioner.context import ProvisionerContext
 from cephcsi.sidecars.provisioner.delete import ATTACHED_PV_INDEX, VolumeWorker, attachment_pv_index, is_ours
+from cephcsi.sidecars.provisioner.delete import settled as volume_settled
 from cephcsi.sidecars.provisioner.provision import ClaimWorker
 from cephcsi.sidecars.provisioner.static import is_static_pv
 
@@ -72,7 +73,7 @@ class ProvisionerLoop:
         driver = self.ctx.driver_name
 
         def changed(claim: KubeObject) -> None:
-            if claims.is_candidate(claim, driver):
+            if claims.is_candidate(claim, driver) and not claims.settled(claim, driver):
                 claim_queue.add(objects.key(claim))
 
         def deleted(claim: KubeObject, _unknown: bool) -> None:
@@ -85,8 +86,12 @@ class ProvisionerLoop:
     def _volume_handler(self, volume_queue: WorkQueue[str]) -> EventHandler:
         driver = self.ctx.driver_name
 
+        def claim_uid(key: str) -> str | None:
+            claim = self.ctx.claims.get(key)
+            return objects.uid(claim) if claim is not None else None
+
         def changed(pv: KubeObject) -> None:
-            if is_ours(pv, driver) or is_static_pv(pv, driver):
+            if is_static_pv(pv, driver) or (is_ours(pv, driver) and not volume_settled(pv, claim_uid)):
                 volume_queue.add(objects.name(pv))
 
         return EventHandler(on_add=changed, on_update=lambda _old, new: changed(new), resync_period=self.resync)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from cephcsi.sidecars.objects import KubeObject
-from cephcsi.sidecars.provisioner.claims import Action, decide, is_candidate
+from cephcsi.sidecars.provisioner.claims import Action, decide, is_candidate, settled
 from cephcsi.sidecars.provisioner.names import storage_class_name
 from tests.unit.sidecars.fixtures import DRIVER, FINALIZER, claim, storage_class
 
@@ -92,3 +92,25 @@ def test_protected_claim_keeps_provisioning_without_the_annotation() -> None:
 def test_legacy_class_annotation_wins() -> None:
     c = claim(storage_class="new", annotations={"volume.beta.kubernetes.io/storage-class": "old"})
     assert storage_class_name(c) == "old"
+
+
+@pytest.mark.parametrize("c", [
+    claim(volumeName="pvc-x"),
+    claim(volumeName="pv-static"),
+    claim(provisioner=None, volumeName="pvc-x"),
+])
+def test_a_settled_claim_is_one_decide_skips_whatever_the_cache_says(c: KubeObject) -> None:
+    """The handlers keep settled claims out of the queue (no replay at start or resync)."""
+    assert settled(c, DRIVER)
+    for sc in (storage_class(), WFFC, None):
+        for pv_exists in (True, False):
+            assert action(c, sc, pv_exists) is Action.SKIP
+
+
+@pytest.mark.parametrize("c", [
+    claim(),  # pending
+    claim(volumeName="pvc-x", finalizers=(FINALIZER,)),  # its provisioning finalizer to release
+    claim(volumeName="pvc-x", deleting=True),  # a clone source's protection to release, or cleanup
+])
+def test_claims_with_work_left_are_not_settled(c: KubeObject) -> None:
+    assert not settled(c, DRIVER)

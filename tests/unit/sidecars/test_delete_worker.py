@@ -8,6 +8,7 @@ import pytest
 from cephcsi import errors
 from cephcsi.sidecars.objects import KubeObject
 from cephcsi.sidecars.provisioner.delete import ATTACHED_PV_INDEX, VolumeWorker, attachment_pv_index
+from cephcsi.sidecars.provisioner.delete import settled as volume_settled
 from tests.unit.sidecars.fixtures import DRIVER, FAKE_KEY, FakeApi, FakeInformer, claim, context
 
 pytestmark = pytest.mark.unit
@@ -102,3 +103,29 @@ def test_deletion_secret_falls_back_to_the_class() -> None:
     api, deleted, _ = run(volume, api=FakeApi(secrets={("sys", "ceph"): {"userID": "u", "userKey": FAKE_KEY}},
                                               pvs={"pvc-u1": volume}))
     assert deleted == ["vol-1"] and ("read_secret", "sys", "ceph") in api.calls
+
+
+def claim_uids(*claims: KubeObject) -> dict[str, str]:
+    return {f"{c['metadata']['namespace']}/{c['metadata']['name']}": c["metadata"]["uid"] for c in claims}
+
+
+@pytest.mark.parametrize("volume, settled", [
+    (pv(phase="Bound"), True),
+    (pv(phase="Released"), False),
+    (pv(phase="Bound", deleting=True), False),
+    (pv(phase="Bound", finalizers=()), False),  # the worker adds the finalizer
+    (pv(phase="Bound", policy="Retain"), False),  # the worker drops the finalizer
+])
+def test_a_settled_pv_is_one_the_worker_leaves_alone(volume: KubeObject, settled: bool) -> None:
+    """The handlers keep settled PVs out of the queue (no replay at start): only those on which
+    the worker would do nothing may count as settled."""
+    bound = claim("data", "ns", uid="u1")
+    assert volume_settled(volume, claim_uids(bound).get) is settled
+    api, deleted, _ = run(volume, claims=FakeInformer(bound))
+    if settled:
+        assert not deleted and api.names() == []
+
+
+def test_a_bound_pv_whose_claim_is_gone_or_replaced_is_not_settled() -> None:
+    assert not volume_settled(pv(phase="Bound"), claim_uids().get)
+    assert not volume_settled(pv(phase="Bound"), claim_uids(claim("data", "ns", uid="other")).get)
