@@ -70,7 +70,7 @@ class AttacherLoop:
         pool.start()
 
         def changed(attachment: KubeObject) -> None:
-            if objects.spec(attachment).get("attacher") == self.driver_name:
+            if objects.spec(attachment).get("attacher") == self.driver_name and not self.strategy.settled(attachment):
                 work_queue.add(objects.name(attachment))
 
         def deleted(attachment: KubeObject, _unknown: bool) -> None:

@@ -85,6 +85,11 @@ class PublishingAttach:
     def _ours(self, obj: Mapping[str, Any]) -> bool:
         return objects.has_finalizer(obj, self.finalizer) or objects.has_finalizer(obj, self.interim)
 
+    def settled(self, attachment: KubeObject) -> bool:
+        return (not objects.deleting(attachment) and bool(objects.status(attachment).get("attached"))
+                and objects.has_finalizer(attachment, self.finalizer)
+                and not objects.has_finalizer(attachment, self.interim))
+
     def sync(self, attachment: KubeObject) -> None:
         if objects.deleting(attachment):
             if self._ours(attachment):
@@ -153,7 +158,8 @@ class PublishingAttach:
     # ---- PersistentVolumes ---------------------------------------------------------------------
 
     def wants_volume(self, pv: Mapping[str, Any]) -> bool:
-        return self._ours(pv)
+        """Only a PV sync_volume could change: being deleted, or with the interim finalizer."""
+        return self._ours(pv) and (objects.deleting(pv) or objects.has_finalizer(pv, self.interim))
 
     def sync_volume(self, pv: Mapping[str, Any], attachments: list[KubeObject]) -> None:
         """external-attacher's PV rule: its finalizer goes once the PV is being deleted and no

@@ -28,6 +28,11 @@ class AttachStrategy(Protocol):
         """Bring one VolumeAttachment of this driver to its desired state; raise to retry."""
         ...
 
+    def settled(self, attachment: KubeObject) -> bool:
+        """sync() would do nothing with it: the handler leaves it out of the queue (no replay
+        of every attached attachment at start or resync)."""
+        ...
+
 
 @runtime_checkable
 class VolumeFinalizing(Protocol):
@@ -45,6 +50,9 @@ class TrivialAttach:
 
     def __init__(self, api: KubeApi) -> None:
         self.api = api
+
+    def settled(self, attachment: KubeObject) -> bool:
+        return not objects.deleting(attachment) and bool(objects.status(attachment).get("attached"))
 
     def sync(self, attachment: KubeObject) -> None:
         if objects.deleting(attachment):

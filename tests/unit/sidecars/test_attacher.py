@@ -37,3 +37,12 @@ def test_trivial_marks_attached_once() -> None:
     handler.sync(va(attached=True))
     handler.sync(va(deleting=True))
     assert api.names() == ["mark_attached"]
+
+
+def test_trivial_settled_attachments_are_those_it_leaves_alone() -> None:
+    api = FakeApi()
+    handler = TrivialAttach(api)  # type: ignore[arg-type]
+    assert handler.settled(va(attached=True))
+    assert not handler.settled(va()) and not handler.settled(va(attached=True, deleting=True))
+    handler.sync(va(attached=True))
+    assert api.names() == []

@@ -228,3 +228,39 @@ def test_pv_interim_name_is_replaced_while_live_and_dropped_on_deletion() -> Non
     handler.sync_volume(deleting, [])
     assert api.calls == [("remove_pv_finalizer", "pvc-1", INTERIM)]
     assert not handler.wants_volume({"metadata": {"name": "other", "finalizers": ["external-attacher/other-X"]}})
+
+
+@pytest.mark.parametrize("attachment, settled", [
+    (va(attached=True, finalizers=(FINALIZER,)), True),  # ours or ceph-csi's, attached
+    (va(attached=True), False),  # attached by another strategy: to publish
+    (va(attached=True, finalizers=(INTERIM,)), False),  # the interim name to replace
+    (va(attached=True, finalizers=(FINALIZER, INTERIM)), False),
+    (va(finalizers=(FINALIZER,)), False),  # not attached yet
+    (va(deleting=True, attached=True, finalizers=(FINALIZER,)), False),  # to detach
+])
+def test_a_settled_attachment_is_one_sync_leaves_alone(attachment: KubeObject, settled: bool) -> None:
+    """The handler keeps settled attachments out of the queue (no replay at start or resync)."""
+    api, controller = Api(), Controller()
+    handler = strategy(api, controller, pv())
+    assert handler.settled(attachment) is settled
+    handler.sync(attachment)
+    assert (not api.calls and not controller.requests) is settled
+
+
+@pytest.mark.parametrize("finalizers, deleting, wanted", [
+    ((FINALIZER,), False, False),  # sync_volume would do nothing
+    ((FINALIZER,), True, True),
+    ((INTERIM,), False, True),
+    ((), True, False),  # not ours
+])
+def test_only_pvs_sync_volume_could_change_are_wanted(finalizers: tuple[str, ...], deleting: bool,
+                                                      wanted: bool) -> None:
+    api = Api()
+    handler = strategy(api, Controller(), pv())
+    volume: KubeObject = {"metadata": {"name": "pvc-1", "finalizers": list(finalizers)}}
+    if deleting:
+        volume["metadata"]["deletionTimestamp"] = "2030-01-01T00:00:00Z"
+    assert handler.wants_volume(volume) is wanted
+    handler.sync_volume(volume, [])
+    if not wanted:
+        assert not api.calls
