@@ -15,12 +15,11 @@ from cephcsi.ceph.credentials import Credentials
 from cephcsi.encryption import volume_keys
 from cephcsi.errors import Internal, InvalidArgument, NotFound, OutOfRange
 from cephcsi.observability.logging import fields
-from cephcsi.volumes import failpoints, modify
+from cephcsi.volumes import by_id, failpoints, modify
 from cephcsi.volumes.capacity import MiB, choose_size
 from cephcsi.volumes.journal import VOLUMES, Journal, Record
 from cephcsi.volumes.manager import VolumeManager
 from cephcsi.volumes.split_journal import JOURNAL_POOL
-from cephcsi.volumes.volume_id import MalformedId, VolumeId
 
 log = logging.getLogger(__name__)
 
@@ -74,33 +73,27 @@ def check_current(volume_id: str, current: int, target: int, limit: int) -> bool
 
 def expand(volumes: VolumeManager, request: ExpandRequest) -> Expanded:
     """Grow the volume to the requested range; NotFound for a volume that does not exist."""
-    try:
-        volume_id = VolumeId.decode(request.volume_id)
-    except MalformedId:
-        raise NotFound(f"volume {request.volume_id!r} does not exist (not an id issued by this driver)") from None
+    volume_id = by_id.decode(request.volume_id, "volume")
     target = target_size(request.required_bytes, request.limit_bytes)
-    cluster = volumes.clusters.get(volume_id.cluster_id)
-    with volumes.id_locks.hold(request.volume_id), volumes.connections.session(cluster, request.credentials) as session:
-        pool = session.pool_name(volume_id.pool_id)
-        if pool is None:
-            raise NotFound(f"volume {request.volume_id!r} does not exist (its pool is gone)")
-        with session.ioctx(pool) as io:
-            journal = Journal(io, volumes.instance_id, VOLUMES, lock_seconds=volumes.journal_lock_seconds,
-                              keeper=volumes.keeper)
-            uuid = volume_id.object_uuid
-            try:
-                # The lease only if the record object exists (else cls_lock would create one for
-                # any well-formed id that names nothing), and the record read in the same round
-                # trip.
-                return _expand_held(volumes, session, io, pool, journal, uuid, request, target, existing=True)
-            except _NoRecordObject:
-                pass
-            # The record may be in another pool (a volume ceph-csi journaled apart from its image,
-            # cephcsi.volumes.split_journal) with no object in this one yet; the lock is always on
-            # this pool's object.
-            if volumes.read_record(session, io, pool, uuid) is None:
-                raise NotFound(f"volume {request.volume_id!r} does not exist")
-            return _expand_held(volumes, session, io, pool, journal, uuid, request, target, existing=False)
+    with by_id.opened(volumes.clusters, volumes.connections, volume_id, f"volume {request.volume_id!r}",
+                      request.credentials, volumes.id_locks, request.volume_id) as at:
+        session, pool, io = at.session, at.pool, at.io
+        journal = Journal(io, volumes.instance_id, VOLUMES, lock_seconds=volumes.journal_lock_seconds,
+                          keeper=volumes.keeper)
+        uuid = volume_id.object_uuid
+        try:
+            # The lease only if the record object exists (else cls_lock would create one for
+            # any well-formed id that names nothing), and the record read in the same round
+            # trip.
+            return _expand_held(volumes, session, io, pool, journal, uuid, request, target, existing=True)
+        except _NoRecordObject:
+            pass
+        # The record may be in another pool (a volume ceph-csi journaled apart from its image,
+        # cephcsi.volumes.split_journal) with no object in this one yet; the lock is always on
+        # this pool's object.
+        if volumes.read_record(session, io, pool, uuid) is None:
+            raise NotFound(f"volume {request.volume_id!r} does not exist")
+        return _expand_held(volumes, session, io, pool, journal, uuid, request, target, existing=False)
 
 
 class _NoRecordObject(Exception):

@@ -22,7 +22,7 @@ from cephcsi.ceph.errors import ceph_call
 from cephcsi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, NotFound, OperationInFlight
 from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
-from cephcsi.volumes import encrypted, failpoints, sources
+from cephcsi.volumes import by_id, encrypted, failpoints, sources
 from cephcsi.volumes.journal import IMAGE_ID, NAME_FIELD_VOLUME, SOURCE, Claim, Journal, JournalKind, Record
 from cephcsi.volumes.snapshots import CREATED, DEFAULT_PREFIX, SOURCE_VOLUME_ID, Snapshot, SnapshotManager
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
@@ -343,13 +343,10 @@ class GroupSnapshotManager:
             raise NotFound(f"group snapshot {group_snapshot_id!r} does not exist (not an id issued by this driver)")
         cluster = self.volumes.clusters.get(group_id.cluster_id)
         with self.volumes.connections.session(cluster, credentials) as session:
-            pool = session.pool_name(group_id.pool_id)
-            if pool is None:
-                if missing_ok:
-                    yield None
-                    return
-                raise NotFound(f"group snapshot {group_snapshot_id!r} does not exist (its pool is gone)")
-            with session.ioctx(pool) as io:
+            if missing_ok and session.pool_name(group_id.pool_id) is None:
+                yield None
+                return
+            with by_id.pool_of(session, group_id, f"group snapshot {group_snapshot_id!r}") as (pool, io):
                 yield session, io, pool, group_id
 
     def get(self, group_snapshot_id: str, snapshot_ids: Sequence[str], credentials: Credentials) -> GroupSnapshot:

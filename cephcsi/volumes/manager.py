@@ -24,7 +24,7 @@ from cephcsi.locks import KeyLocks
 from cephcsi.observability.logging import fields
 from cephcsi.encryption import volume_keys
 from cephcsi.encryption.volume_keys import VolumeKeys
-from cephcsi.volumes import clones, failpoints, new_images, placement, split_journal
+from cephcsi.volumes import by_id, clones, failpoints, new_images, placement, split_journal
 from cephcsi.volumes.encrypted import OWNER_KEY, Encryption
 from cephcsi.volumes.capacity import fits
 from cephcsi.volumes.journal import PLANNED_IMAGE_ID, VOLUMES, Claim, Hold, Journal, Record, pending_metadata_values
@@ -482,40 +482,25 @@ class VolumeManager:
 
     def locate(self, volume_id_text: str, credentials: Credentials) -> tuple[Located, images.ImageInfo]:
         """The volume and its image, or NotFound (also for ids this driver never issued)."""
-        try:
-            volume_id = VolumeId.decode(volume_id_text)
-        except MalformedId:
-            raise NotFound(f"volume {volume_id_text!r} does not exist (not an id issued by this driver)") from None
-        cluster = self.clusters.get(volume_id.cluster_id)
-        with self.connections.session(cluster, credentials) as session:
-            pool = session.pool_name(volume_id.pool_id)
-            if pool is None:
-                raise NotFound(f"volume {volume_id_text!r} does not exist (its pool is gone)")
-            with session.ioctx(pool) as io:
-                record = self.read_record(session, io, pool, volume_id.object_uuid)
-                info = images.stat(io, record.image_name) if record else None
-                if record is None or info is None:
-                    raise NotFound(f"volume {volume_id_text!r} does not exist")
-                return Located(volume_id, pool, record), info
+        volume_id = by_id.decode(volume_id_text, "volume")
+        with by_id.opened(self.clusters, self.connections, volume_id, f"volume {volume_id_text!r}", credentials) as at:
+            record = self.read_record(at.session, at.io, at.pool, volume_id.object_uuid)
+            info = images.stat(at.io, record.image_name) if record else None
+            if record is None or info is None:
+                raise NotFound(f"volume {volume_id_text!r} does not exist")
+            return Located(volume_id, at.pool, record), info
 
     @contextmanager
     def held(self, volume_id_text: str, credentials: Credentials) -> Iterator[tuple[Ioctx, Record]]:
         """The pool handle and record of an existing volume, under the volume's in-process lock:
         for a call that changes one volume in place (modify, sparsify). NotFound as `locate`."""
-        try:
-            volume_id = VolumeId.decode(volume_id_text)
-        except MalformedId:
-            raise NotFound(f"volume {volume_id_text!r} does not exist (not an id issued by this driver)") from None
-        cluster = self.clusters.get(volume_id.cluster_id)
-        with self.id_locks.hold(volume_id_text), self.connections.session(cluster, credentials) as session:
-            pool = session.pool_name(volume_id.pool_id)
-            if pool is None:
-                raise NotFound(f"volume {volume_id_text!r} does not exist (its pool is gone)")
-            with session.ioctx(pool) as io:
-                record = self.read_record(session, io, pool, volume_id.object_uuid)
-                if record is None:
-                    raise NotFound(f"volume {volume_id_text!r} does not exist")
-                yield io, record
+        volume_id = by_id.decode(volume_id_text, "volume")
+        with by_id.opened(self.clusters, self.connections, volume_id, f"volume {volume_id_text!r}", credentials,
+                          self.id_locks, volume_id_text) as at:
+            record = self.read_record(at.session, at.io, at.pool, volume_id.object_uuid)
+            if record is None:
+                raise NotFound(f"volume {volume_id_text!r} does not exist")
+            yield at.io, record
 
     def read_record(self, session: Session, io: Ioctx, pool: str, uuid: str) -> Record | None:
         """The volume's record: in its own pool, or where ceph-csi put it for a volume it

@@ -14,9 +14,10 @@ from cephcsi.ceph.connection import Ioctx, Session
 from cephcsi.ceph.leases import LeaseKeeper
 from cephcsi.errors import NotFound, OperationInFlight
 from cephcsi.observability.logging import fields
-from cephcsi.volumes import split_journal
+from cephcsi.volumes import by_id, split_journal
+from cephcsi.volumes.by_id import decode as decode  # sources.decode: the name its callers use
 from cephcsi.volumes.journal import SNAPSHOTS, VOLUMES, Journal, JournalKind, Record
-from cephcsi.volumes.volume_id import MalformedId, VolumeId
+from cephcsi.volumes.volume_id import VolumeId
 
 log = logging.getLogger(__name__)
 
@@ -40,22 +41,11 @@ class Entry:
     record: Record
 
 
-def decode(text: str, what: str) -> VolumeId:
-    """An id issued by this driver, or NotFound (the spec's answer for an unknown source)."""
-    try:
-        return VolumeId.decode(text)
-    except MalformedId:
-        raise NotFound(f"{what} {text!r} does not exist (not an id issued by this driver)") from None
-
-
 @contextmanager
 def opened(session: Session, entry_id: VolumeId, what: str) -> Iterator[tuple[str, Ioctx]]:
     """(pool name, ioctx) of the pool an id points into; NotFound when that pool is gone."""
-    pool = session.pool_name(entry_id.pool_id)
-    if pool is None:
-        raise NotFound(f"{what} {entry_id.encode()!r} does not exist (its pool is gone)")
-    with session.ioctx(pool) as io:
-        yield pool, io
+    with by_id.pool_of(session, entry_id, f"{what} {entry_id.encode()!r}") as found:
+        yield found
 
 
 def read_entry(io: Ioctx, pool: str, entry_id: VolumeId, journal: Journal, what: str) -> Entry:
