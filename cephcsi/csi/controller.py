@@ -104,6 +104,10 @@ class ControllerServicer(SnapshotRpcs, CapacityRpcs, ServicerBase, csi_pb2_grpc.
         self.volumes.delete(request.volume_id, request.secrets)
         return csi_pb2.DeleteVolumeResponse()
 
+    def find_volume(self, name: str, parameters: VolumeParameters, credentials: Credentials) -> str | None:
+        """The provisioner's port (cephcsi.sidecars.provisioner.port): the volume of request `name`."""
+        return self.volumes.find(name, parameters, credentials)
+
     @rpc
     def ValidateVolumeCapabilities(
         self, request: csi_pb2.ValidateVolumeCapabilitiesRequest, context: object

@@ -5,13 +5,13 @@ import random
 import time
 from dataclasses import dataclass
 
-from cephcsi.csi.controller import ControllerServicer
 from cephcsi.kube.events import EventRecorder
 from cephcsi.kube.informer import Informer
 from cephcsi.sidecars import objects
 from cephcsi.sidecars.api import KubeApi
 from cephcsi.sidecars.calls import CsiCalls
 from cephcsi.sidecars.objects import KubeObject
+from cephcsi.sidecars.provisioner.port import ControllerPort
 from cephcsi.sidecars.provisioner.pvspec import PVOptions
 from cephcsi.sidecars.provisioner.request import RequestOptions
 from cephcsi.sidecars.provisioner.topology import TopologyPolicy
@@ -32,7 +32,7 @@ class ProvisionerContext:
     attachments: Informer
     api: KubeApi
     events: EventRecorder
-    controller: ControllerServicer
+    controller: ControllerPort
     calls: CsiCalls
     request_options: RequestOptions
     pv_options: PVOptions

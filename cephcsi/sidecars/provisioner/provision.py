@@ -247,7 +247,7 @@ class ClaimWorker:
                 secret_values = ctx.api.read_secret(ref.namespace, ref.name)
             except NotFound:
                 raise _CannotClean(f'provisioner secret "{ref.namespace}/{ref.name}" is gone') from None
-        volume_id = ctx.controller.volumes.find(pv_name, parameters, Credentials.from_secrets(secret_values))
+        volume_id = ctx.controller.find_volume(pv_name, parameters, Credentials.from_secrets(secret_values))
         if volume_id is None:
             return False
         request = csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=secret_values)

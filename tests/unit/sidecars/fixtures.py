@@ -189,6 +189,9 @@ class FakeController:
             volume_id=volume_id, capacity_bytes=request.capacity_range.required_bytes,
             volume_context={"clusterID": "c1", "pool": "rbd", "imageName": "csi-vol-x"}))
 
+    def find_volume(self, name: str, parameters: Any, credentials: Any) -> str | None:
+        return self.volumes.find(name, parameters, credentials)
+
     def DeleteVolume(self, request: csi_pb2.DeleteVolumeRequest, context: object) -> csi_pb2.DeleteVolumeResponse:  # noqa: N802
         self.deleted.append(request.volume_id)
         for name, volume_id in list(self.volumes.journal.items()):
@@ -209,7 +212,7 @@ def context(*, claims: FakeInformer | None = None, volumes: FakeInformer | None 
         attachments=attachments or FakeInformer(),  # type: ignore[arg-type]
         api=api or FakeApi(secrets={("sys", "ceph"): {"userID": "u", "userKey": FAKE_KEY}}),  # type: ignore[arg-type]
         events=FakeEvents(),  # type: ignore[arg-type]
-        controller=controller or FakeController(),  # type: ignore[arg-type]
+        controller=controller or FakeController(),
         calls=CsiCalls(max_workers=4, timeout=timeout),
         request_options=RequestOptions(DRIVER, "ext4", False, True),
         pv_options=PVOptions(DRIVER, "123-4-" + DRIVER),
