@@ -64,8 +64,8 @@ class ApiAccess:
         ServiceAccount (and the namespace) are created if missing."""
         with self.api_client() as admin:
             core = kubernetes.client.CoreV1Api(admin)
-            _create_ignoring_conflict(lambda: core.create_namespace({"metadata": {"name": namespace}}))
-            _create_ignoring_conflict(
+            create_ignoring_conflict(lambda: core.create_namespace({"metadata": {"name": namespace}}))
+            create_ignoring_conflict(
                 lambda: core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
             )
             request = {"spec": {"audiences": [], "expirationSeconds": expiration_seconds}}
@@ -111,7 +111,8 @@ class ApiAccess:
         return path
 
 
-def _create_ignoring_conflict(create: Callable[[], object]) -> None:
+def create_ignoring_conflict(create: Callable[[], object]) -> None:
+    """A create that may have been done already (a rerun, another test): 409 is success."""
     try:
         create()
     except kubernetes.client.ApiException as exc:

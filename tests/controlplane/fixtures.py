@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import kubernetes.client
 import pytest
 import yaml
 
+from tests.controlplane.access import create_ignoring_conflict
 from tests.controlplane.cluster import ControlPlane, start_control_plane
 from tests.controlplane.proxy import TcpProxy
 from tests.unit.deploy.manifests import DEPLOY
@@ -70,14 +71,6 @@ def apiserver_proxy(control_plane: ControlPlane) -> Iterator[TcpProxy]:
         yield proxy
 
 
-def _ignore_conflict(call: Callable[[], Any]) -> None:
-    try:
-        call()
-    except kubernetes.client.ApiException as error:
-        if error.status != 409:
-            raise
-
-
 @pytest.fixture
 def node_service_account(control_plane: ControlPlane, kube_namespace: str,
                          tmp_path: Path) -> Iterator[Callable[..., Path]]:
@@ -99,14 +92,14 @@ def node_service_account(control_plane: ControlPlane, kube_namespace: str,
         namespaces.append(account_namespace)
         with control_plane.api_client() as admin:
             rbac = kubernetes.client.RbacAuthorizationV1Api(admin)
-            _ignore_conflict(lambda: rbac.create_cluster_role(role))
+            create_ignoring_conflict(lambda: rbac.create_cluster_role(role))
             if bind:
                 name = role["metadata"]["name"]
                 binding = {"metadata": {"name": name},
                            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
                            "subjects": [{"kind": "ServiceAccount", "name": NODE_ACCOUNT,
                                          "namespace": account_namespace}]}
-                _ignore_conflict(lambda: rbac.create_cluster_role_binding(binding))
+                create_ignoring_conflict(lambda: rbac.create_cluster_role_binding(binding))
                 cleanups.append(lambda api: api.delete_cluster_role_binding(name))
                 cleanups.append(lambda api: api.delete_cluster_role(name))
         return control_plane.write_kubeconfig(tmp_path / f"{suffix}.kubeconfig", token)
