@@ -342,14 +342,12 @@ class ConnectionCache:
         had to open is closed when its last user ends unless a keeping caller used it meanwhile,
         so an idle process does not keep a librados client (a dozen threads) for the one-off."""
         key = (cluster.cluster_id, cluster.mon_host, credentials.fingerprint)
-        opened = False
         with self._lock:
             connection = self._connections.get(key)
             if connection is None or connection.broken:
                 connection = Connection(cluster, credentials, self.settings, self._opener, self._clock,
                                         gate=verified.HandWriteGate(self._hand_writes))
                 self._connections[key] = connection
-                opened = True
             connection.users += 1
             connection.kept |= keep
         try:
@@ -363,7 +361,7 @@ class ConnectionCache:
             with self._lock:
                 connection.users -= 1
                 connection.last_used = self._clock()
-                retire = connection.users == 0 and (connection.broken or (opened and not connection.kept))
+                retire = connection.users == 0 and (connection.broken or not connection.kept)
                 if retire and self._connections.get(key) is connection:
                     del self._connections[key]
             if retire:

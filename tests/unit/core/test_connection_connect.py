@@ -232,4 +232,12 @@ def test_a_one_off_session_leaves_a_shared_connection_open(lib: FakeLibrados) ->
         handle = first.rados
         assert not is_shut(handle), "closed under its other user"
     assert is_shut(handle), "the one-offs' own connection outlived both"
+    fourth = ClusterConfig("c4", ("127.0.0.4:1",))
+    with cache.session(fourth, USER, keep=False) as opener:
+        inner = cache.session(fourth, USER, keep=False)
+        joined = inner.__enter__()
+    shared_handle = joined.rados
+    assert opener is not joined and not is_shut(shared_handle), "closed while the second one-off still used it"
+    inner.__exit__(None, None, None)
+    assert is_shut(shared_handle), "left open when the one-off that did not open it ended last"
     assert connect(cache) is kept and lib.connects[CLUSTER.mon_host] == 1

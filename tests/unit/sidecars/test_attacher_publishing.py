@@ -231,7 +231,7 @@ def test_pv_interim_name_is_replaced_while_live_and_dropped_on_deletion() -> Non
 
 
 @pytest.mark.parametrize("attachment, settled", [
-    (va(attached=True, finalizers=(FINALIZER,)), True),  # ours or ceph-csi's, attached
+    (va(attached=True, finalizers=(FINALIZER,)), True),  # ours, attached
     (va(attached=True), False),  # attached by another strategy: to publish
     (va(attached=True, finalizers=(INTERIM,)), False),  # the interim name to replace
     (va(attached=True, finalizers=(FINALIZER, INTERIM)), False),
