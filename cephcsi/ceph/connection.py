@@ -170,6 +170,11 @@ class Connection:
             return self._run(attempt)
         return self._join(attempt)
 
+    def remembers_failure(self) -> bool:
+        """No handle, and a failed connect still remembered: dropping it would forget that."""
+        with self._state:
+            return self.handle is None and self._failure is not None and self.clock() < self._failure.until
+
     def _remembered(self) -> CephCSIError | None:
         failure = self._failure
         if failure is None:
@@ -361,7 +366,10 @@ class ConnectionCache:
             with self._lock:
                 connection.users -= 1
                 connection.last_used = self._clock()
-                retire = connection.users == 0 and (connection.broken or not connection.kept)
+                # A one-off's failed connect stays, holding no client, so that the next one-off
+                # gets the remembered failure instead of a new attempt (idle clean-up drops it).
+                retire = connection.users == 0 and (
+                    connection.broken or not (connection.kept or connection.remembers_failure()))
                 if retire and self._connections.get(key) is connection:
                     del self._connections[key]
             if retire:

@@ -440,8 +440,10 @@ class VolumeManager:
         """The id of the volume journaled under request `name` in the parameters' pool (or, for
         a class with topologyConstrainedPools, in any of its pools), or None.
 
-        Read-only (CreateVolume would create a missing volume): the provisioner uses it to clean
-        up a volume whose claim was deleted before its PV existed. A missing pool means no volume."""
+        Creates nothing (CreateVolume would create a missing volume); it only releases a name a
+        create reserved and died before recording, which nothing else would ever release. The
+        provisioner uses it to clean up a volume whose claim was deleted before its PV existed. A
+        missing pool means no volume."""
         cluster = self.clusters.get(parameters.cluster_id)
         pools = dict.fromkeys([parameters.pool, *(p.pool for p in parameters.topology_pools)])
         with self.name_locks.hold(name), self.connections.session(cluster, credentials) as session:

@@ -18,6 +18,6 @@ class ControllerPort(Protocol):
                      ) -> csi_pb2.DeleteVolumeResponse: ...
 
     def find_volume(self, name: str, parameters: VolumeParameters, credentials: Credentials) -> str | None:
-        """The id of the volume created for request `name`, or None; read only (a claim deleted
-        before its PV existed leaves a volume only this finds)."""
+        """The id of the volume created for request `name`, or None; creates nothing (a claim
+        deleted before its PV existed leaves a volume only this finds)."""
         ...

@@ -212,6 +212,24 @@ def test_a_one_off_session_closes_the_connection_it_opened(lib: FakeLibrados) ->
     assert lib.connects[CLUSTER.mon_host] == 2
 
 
+def test_a_one_off_sessions_failed_connect_is_remembered(lib: FakeLibrados) -> None:
+    """One-offs (the attacher's fence-ledger reads, one per pool) must not each pay a connect
+    timeout while the monitors are down: the failure is remembered as for kept connections."""
+    lib.outcomes[CLUSTER.mon_host] = [timed_out(), None]
+    clock = FakeClock()
+    settings = CephSettings(mount_timeout=10.0, connect_failure_memory=5.0)
+    cache = ConnectionCache(settings, clock=clock)
+    for _ in range(3):
+        with pytest.raises(Unavailable), cache.session(CLUSTER, USER, keep=False) as session:
+            _ = session.rados
+    assert lib.connects[CLUSTER.mon_host] == 1
+    clock.now += settings.failure_memory_seconds
+    with cache.session(CLUSTER, USER, keep=False) as session:
+        handle = session.rados
+    assert lib.connects[CLUSTER.mon_host] == 2
+    assert is_shut(handle), "the one-off's connection, connected after the failure expired, stayed open"
+
+
 def test_a_one_off_session_leaves_a_shared_connection_open(lib: FakeLibrados) -> None:
     """Kept connections stay: a one-off session on a connection that was already open, or that a
     keeping session used meanwhile, does not close it; two one-offs close theirs after the last."""
