@@ -31,14 +31,30 @@ def decode(text: str, what: str) -> VolumeId:
 
 
 @contextmanager
+def pool_if_present(session: Session, entry_id: VolumeId) -> Iterator[tuple[str, Ioctx] | None]:
+    """(pool name, ioctx) of the pool an id points into, or None when that pool is gone: for a
+    caller to whom a missing pool means there is nothing to do (one lookup, no window between a
+    check and the open)."""
+    pool = session.pool_name(entry_id.pool_id)
+    if pool is None:
+        yield None
+        return
+    with session.ioctx(pool) as io:
+        yield pool, io
+
+
+def pool_gone(label: str) -> NotFound:
+    return NotFound(f"{label} does not exist (its pool is gone)")
+
+
+@contextmanager
 def pool_of(session: Session, entry_id: VolumeId, label: str) -> Iterator[tuple[str, Ioctx]]:
     """(pool name, ioctx) of the pool an id points into; NotFound naming `label` when that pool
     is gone."""
-    pool = session.pool_name(entry_id.pool_id)
-    if pool is None:
-        raise NotFound(f"{label} does not exist (its pool is gone)")
-    with session.ioctx(pool) as io:
-        yield pool, io
+    with pool_if_present(session, entry_id) as found:
+        if found is None:
+            raise pool_gone(label)
+        yield found
 
 
 @contextmanager

@@ -342,12 +342,15 @@ class GroupSnapshotManager:
                 return
             raise NotFound(f"group snapshot {group_snapshot_id!r} does not exist (not an id issued by this driver)")
         cluster = self.volumes.clusters.get(group_id.cluster_id)
-        with self.volumes.connections.session(cluster, credentials) as session:
-            if missing_ok and session.pool_name(group_id.pool_id) is None:
-                yield None
-                return
-            with by_id.pool_of(session, group_id, f"group snapshot {group_snapshot_id!r}") as (pool, io):
-                yield session, io, pool, group_id
+        with self.volumes.connections.session(cluster, credentials) as session, \
+                by_id.pool_if_present(session, group_id) as found:
+            if found is None:
+                if missing_ok:
+                    yield None
+                    return
+                raise by_id.pool_gone(f"group snapshot {group_snapshot_id!r}")
+            pool, io = found
+            yield session, io, pool, group_id
 
     def get(self, group_snapshot_id: str, snapshot_ids: Sequence[str], credentials: Credentials) -> GroupSnapshot:
         with self._opened(group_snapshot_id, credentials, missing_ok=False) as opened:
