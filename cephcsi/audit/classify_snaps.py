@@ -60,7 +60,8 @@ def _made_by(snap: Snapshot, uuid: str) -> str:
     volume = snap.records.get(uuid)
     if volume is not None and volume.name:
         return f"a killed clone into volume {volume.name!r} (its retry removes it too)"
-    return "a killed snapshot or clone call whose journal entry is gone"
+    # A clone placed in another topology pool than its source journals there: not gone, elsewhere.
+    return "a killed snapshot or clone call whose journal entry is gone or in another pool"
 
 
 def temp_snapshot_findings(snap: Snapshot) -> list[Finding]:

@@ -109,8 +109,7 @@ class VolumeManager:
         with self.name_locks.hold(request.name), self.connections.session(cluster, request.credentials) as session:
             # A class with topologyConstrainedPools: the pool is chosen here, and the volume is an
             # ordinary one of that pool from here on (cephcsi.volumes.placement).
-            placed = placement.place(session, request.parameters, request.requirements,
-                                     request.source.source_id if request.source is not None else None,
+            placed = placement.place(session, request.parameters, request.requirements, request.source,
                                      lambda io: self._journal(io).lookup(request.name) is not None,
                                      lambda pool: self._release_imageless(session, pool, request))
             volume = self._create(session, dataclasses.replace(request, parameters=placed))

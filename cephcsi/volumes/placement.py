@@ -18,6 +18,7 @@ from contextlib import ExitStack
 from cephcsi.ceph.connection import Ioctx, Session
 from cephcsi.errors import AlreadyExists, NotFound, ResourceExhausted
 from cephcsi.volumes import topology
+from cephcsi.volumes.clones import ContentSource
 from cephcsi.volumes.parameters import VolumeParameters
 from cephcsi.volumes.topology import Requirements
 from cephcsi.volumes.volume_id import MalformedId, VolumeId
@@ -70,7 +71,7 @@ def _source_pool(session: Session, source_id: str) -> str | None:
 
 
 def place(session: Session, params: VolumeParameters, requirements: Requirements | None,
-          source_id: str | None, has_name: HasName, release: ReleaseImageless) -> VolumeParameters:
+          source: ContentSource | None, has_name: HasName, release: ReleaseImageless) -> VolumeParameters:
     """The parameters to create with: `params` itself without topology pools or requirements
     (ceph-csi uses the class's pool then), else those of the pool chosen for the requirements.
 
@@ -78,10 +79,11 @@ def place(session: Session, params: VolumeParameters, requirements: Requirements
     pool matches the requirements: a retry finds the volume its first attempt made or began.
     A reservation in a pool the requirements no longer match (the claim was rescheduled) is
     released when no image exists for it, and the volume placed afresh; with an image it is
-    ALREADY_EXISTS. A restore from a snapshot goes to its source's pool (an RBD clone of a
-    snapshot lives in its parent's pool, as ceph-csi's restores do), which must be a topology
-    pool matching the requirements; unlike ceph-csi, a volume clone does too (ceph-csi places a
-    volume clone by the requirements, then copies across pools)."""
+    ALREADY_EXISTS. A restore from a snapshot goes to its source's pool, which must be a
+    topology pool matching the requirements (ceph-csi's rule: its restore is an RBD clone kept
+    in its parent's pool). A volume clone is placed by the requirements like a new volume, as
+    ceph-csi places it, and cloned across pools when its source lives in another one (a clone
+    v2 may: cephcsi.volumes.clones)."""
     if not params.topology_pools:
         return params
     if requirements is None or requirements.empty:
@@ -103,15 +105,17 @@ def place(session: Session, params: VolumeParameters, requirements: Requirements
                 f"the volume of this name already exists in pool {reserved!r}, whose domain segments do not match "
                 "the requested topology; delete it or request a topology that includes it"
             )
-    if source_id is not None:
-        pool = _source_pool(session, source_id)
+    # Only a restore is tied to its source's pool; a volume clone falls through to the
+    # requirements, so that a claim cloned by either driver lands in the same pool.
+    if source is not None and source.kind == "snapshot":
+        pool = _source_pool(session, source.source_id)
         if pool is None:
             return params
         match = topology.match_pool(pools, requirements, pool)
         if match is None:
             raise ResourceExhausted(
-                f"the content source is in pool {pool!r}, which is not one of the {topology.KEY} whose domain "
-                "segments match the requested topology; a restore or clone stays in its source's pool"
+                f"the source snapshot is in pool {pool!r}, which is not one of the {topology.KEY} whose domain "
+                "segments match the requested topology; a restore from a snapshot stays in its source's pool"
             )
         return _in_pool(params, match)
     return _in_pool(params, topology.choose(pools, requirements))

@@ -1,6 +1,7 @@
 """`topologyConstrainedPools` on the real cluster: a CreateVolume with accessibility requirements
 lands, journal and image, in the pool of the matching zone (ceph-csi ≥ 3.11's layout), a retry
-with the requirements reordered finds it, a restore stays in its source's pool, and a delete
+with the requirements reordered finds it, a restore stays in its source's pool while a volume
+clone is placed by its requirements (cloned across pools, as ceph-csi places it), and a delete
 leaves neither pool anything of it. The pools are the suite's two (tests/ceph/cluster.sh):
 zone `a` → `pool2` with `pool` as its data pool, zone `b` → `pool`.
 """
@@ -12,12 +13,13 @@ from typing import Any
 
 import grpc
 import pytest
+import rbd
 
 from cephcsi._generated import csi_pb2
 from cephcsi.volumes.volume_id import VolumeId
 from tests.ceph.fixtures import CephTestCluster, read_omap
 from tests.integration.controller.helpers import create_request, until_ok
-from tests.integration.controller.snapshot_helpers import from_snapshot, snapshot_request
+from tests.integration.controller.snapshot_helpers import from_snapshot, pattern, snapshot_request, wait_for
 from tests.integration.driver import DriverProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph]
@@ -266,3 +268,113 @@ def test_the_provisioners_find_looks_in_every_topology_pool(
         servicer.volumes.connections.close_all()
         keeper.drain(5)
         _delete(driver, ceph_cluster, volume.volume_id)
+
+
+def _write(admin: Any, pool: str, image: str, data: bytes) -> None:
+    with admin.open_ioctx(pool) as io, rbd.Image(io, image) as opened:
+        opened.write(data, 0)
+        opened.flush()
+
+
+def _read(admin: Any, pool: str, image: str, length: int) -> bytes:
+    with admin.open_ioctx(pool) as io, rbd.Image(io, image, read_only=True) as opened:
+        return bytes(opened.read(0, length))
+
+
+def _trash_names(cluster: CephTestCluster, pool: str) -> set[str]:
+    # --all: a parent deleted while clones read through it is a USER_PARENT entry.
+    entries = json.loads(cluster.admin("rbd", "trash", "ls", "--all", "-p", pool, "--format", "json") or "[]")
+    return {str(entry["name"]) for entry in entries}
+
+
+def _nothing_left(admin: Any, cluster: CephTestCluster, volumes: dict[str, str], uuids: list[str]) -> bool:
+    """No name key, record, image or trash entry of these volumes (request name → image) in either pool."""
+    for pool in (cluster.pool, cluster.pool2):
+        images = set(json.loads(cluster.admin("rbd", "ls", "-p", pool, "--format", "json") or "[]"))
+        if (images | _trash_names(cluster, pool)) & set(volumes.values()):
+            return False
+        if any(_entry(admin, pool, name) != (None, {}) for name in volumes):
+            return False
+        if any(_omap(admin, pool, f"csi.volume.{uuid}") for uuid in uuids):
+            return False
+    return True
+
+
+def test_a_volume_clone_is_placed_by_its_requirements_and_cloned_across_pools(
+    driver: DriverProcess, ceph_cluster: CephTestCluster, admin: Any
+) -> None:
+    """A source in zone a's pool cloned for zone b: the clone is zone b's, with the source's
+    bytes, and outlives its source; deleting both leaves neither pool anything of them."""
+    cluster = ceph_cluster
+    pool_ids = {pool: admin.pool_lookup(pool) for pool in (cluster.pool, cluster.pool2)}
+    source_request = _request(cluster, ["a"], ["a"])
+    source = driver.controller.CreateVolume(source_request, timeout=60).volume
+    source_image = source.volume_context["imageName"]
+    assert source.volume_context["pool"] == cluster.pool2
+    data = pattern("topology clone source", 1024 * 1024)
+    _write(admin, cluster.pool2, source_image, data)
+
+    request = _request(cluster, [], ["b"])
+    request.volume_content_source.volume.volume_id = source.volume_id
+    volumes = {source_request.name: source_image}
+    uuids = [VolumeId.decode(source.volume_id).object_uuid]
+    left = [source.volume_id]  # deleted in `finally` when an assertion stops the test first
+    try:
+        clone = driver.controller.CreateVolume(request, timeout=60).volume
+        left.insert(0, clone.volume_id)
+        clone_id = VolumeId.decode(clone.volume_id)
+        image = clone.volume_context["imageName"]
+        volumes[request.name] = image
+        uuids.append(clone_id.object_uuid)
+        assert clone_id.pool_id == pool_ids[cluster.pool]
+        assert clone.volume_context["pool"] == cluster.pool
+        assert clone.volume_context.get("dataPool", "") == ""
+        assert [dict(t.segments) for t in clone.accessible_topology] == [dict(_zone("b").segments)]
+        value, record = _entry(admin, cluster.pool, request.name)
+        assert value == clone_id.object_uuid and record["csi.imagename"] == image
+        assert _entry(admin, cluster.pool2, request.name) == (None, {})
+        # A clone v2 across pools (not a copy): it reads through its source's pool.
+        parent = _image_info(cluster, cluster.pool, image)["parent"]
+        assert (parent["pool"], parent["image"]) == (cluster.pool2, source_image)
+        assert _read(admin, cluster.pool, image, len(data)) == data
+        # The temporary snapshot is in the trash namespace only: nothing of the cut is left in view.
+        assert json.loads(cluster.admin("rbd", "snap", "ls", "--format", "json", f"{cluster.pool2}/{source_image}")) == []
+        # The retry of the same request: the same clone.
+        assert driver.controller.CreateVolume(request, timeout=60).volume.volume_id == clone.volume_id
+
+        _delete(driver, cluster, source.volume_id)
+        left.remove(source.volume_id)
+        assert _entry(admin, cluster.pool2, source_request.name) == (None, {})
+        assert source_image in _trash_names(cluster, cluster.pool2)  # kept for its clone
+        assert _read(admin, cluster.pool, image, len(data)) == data
+
+        _delete(driver, cluster, clone.volume_id)
+        left.remove(clone.volume_id)
+        # librbd purges the source's image with its last clone.
+        assert wait_for(lambda: _nothing_left(admin, cluster, volumes, uuids), timeout=60), \
+            {pool: _trash_names(cluster, pool) for pool in (cluster.pool, cluster.pool2)}
+    finally:
+        for volume_id in left:
+            _delete(driver, cluster, volume_id)
+
+
+def test_a_volume_clone_whose_requirements_match_no_pool_is_resource_exhausted(
+    driver: DriverProcess, ceph_cluster: CephTestCluster, admin: Any
+) -> None:
+    cluster = ceph_cluster
+    source = driver.controller.CreateVolume(_request(cluster, ["a"], ["a"]), timeout=60).volume
+    try:
+        request = _request(cluster, ["c"], ["c", "d"])
+        request.volume_content_source.volume.volume_id = source.volume_id
+        with pytest.raises(grpc.RpcError) as caught:
+            driver.controller.CreateVolume(request, timeout=60)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "topologyConstrainedPools" in (caught.value.details() or "")
+        for pool in (cluster.pool, cluster.pool2):
+            assert _entry(admin, pool, request.name) == (None, {})
+        # Refused before the cut: no snapshot of any namespace on the source.
+        with admin.open_ioctx(cluster.pool2) as io, \
+                rbd.Image(io, source.volume_context["imageName"], read_only=True) as image:
+            assert list(image.list_snaps()) == []
+    finally:
+        _delete(driver, cluster, source.volume_id)

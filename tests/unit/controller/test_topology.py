@@ -12,8 +12,10 @@ from cephcsi._generated import csi_pb2
 from cephcsi.csi.controller import requirements_of
 from cephcsi.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
 from cephcsi.volumes import placement, topology
+from cephcsi.volumes.clones import ContentSource
 from cephcsi.volumes.parameters import VolumeParameters
 from cephcsi.volumes.topology import Requirements, TopologyPool
+from cephcsi.volumes.volume_id import VolumeId
 
 pytestmark = pytest.mark.unit
 
@@ -120,6 +122,9 @@ def test_capacity_of_a_segment_is_asked_of_its_pool() -> None:
     assert placement.for_segment(plain, C) is plain
 
 
+POOL_IDS = {"rbd": 1, "east": 2, "west": 3}
+
+
 class _Session:
     """Pool handles named by their pool (pure placement logic: no cluster needed)."""
 
@@ -132,9 +137,16 @@ class _Session:
             raise NotFound(f"pool {pool!r}")
         yield pool
 
+    def pool_name(self, pool_id: int) -> str | None:
+        return next((name for name, known in POOL_IDS.items() if known == pool_id and name in self.pools), None)
+
+
+def _source(kind: str, pool: str) -> ContentSource:
+    return ContentSource(kind, VolumeId("c", POOL_IDS[pool], "5f1c1a0e-8d3b-4f5e-9a7c-2b6d4e8f0a11").encode())
+
 
 def _place(params: VolumeParameters, requirements: Requirements | None, reserved: str | None,
-           release: bool = False) -> tuple[VolumeParameters, list[str]]:
+           release: bool = False, source: ContentSource | None = None) -> tuple[VolumeParameters, list[str]]:
     released: list[str] = []
 
     def undo(pool: str) -> bool:
@@ -145,7 +157,7 @@ def _place(params: VolumeParameters, requirements: Requirements | None, reserved
         return bool(io == reserved)
 
     session: Any = _Session({"rbd", "east", "west"})
-    placed = placement.place(session, params, requirements, None, has_name, undo)
+    placed = placement.place(session, params, requirements, source, has_name, undo)
     return placed, released
 
 
@@ -163,6 +175,41 @@ def test_a_reservation_the_requirements_no_longer_match_is_released_only_without
     assert (placed.pool, released) == ("west", ["east"])
     with pytest.raises(AlreadyExists, match="'east'"):
         _place(params, Requirements(requisite=(B,)), "east", release=False)
+
+
+def test_a_restore_goes_to_its_snapshots_pool_which_must_match_whatever_is_preferred() -> None:
+    params = VolumeParameters.parse({"clusterID": "c", "pool": "rbd", topology.KEY: POOLS})
+    placed, _ = _place(params, Requirements(preferred=(B, A)), None, source=_source("snapshot", "east"))
+    assert (placed.pool, placed.data_pool) == ("east", "east-ec")
+    with pytest.raises(ResourceExhausted, match="source snapshot is in pool 'east'"):
+        _place(params, Requirements(requisite=(B,)), None, source=_source("snapshot", "east"))
+
+
+def test_a_volume_clone_is_placed_by_the_requirements_like_a_new_volume_whatever_its_sources_pool() -> None:
+    """ceph-csi places a volume clone by the requirements and clones it across pools."""
+    params = VolumeParameters.parse({"clusterID": "c", "pool": "rbd", topology.KEY: POOLS})
+    placed, _ = _place(params, Requirements(requisite=(B,)), None, source=_source("volume", "east"))
+    assert (placed.pool, placed.data_pool) == ("west", "")
+    # The source's pool matching too does not make it win over the preferred topology.
+    placed, _ = _place(params, Requirements(preferred=(B, A)), None, source=_source("volume", "east"))
+    assert placed.pool == "west"
+    placed, _ = _place(params, Requirements(requisite=(A,)), None, source=_source("volume", "west"))
+    assert (placed.pool, placed.data_pool) == ("east", "east-ec")
+    # A source outside every topology pool (another class's volume) is no obstacle either.
+    placed, _ = _place(params, Requirements(requisite=(B,)), None, source=_source("volume", "rbd"))
+    assert placed.pool == "west"
+    with pytest.raises(ResourceExhausted, match="topologyConstrainedPools"):
+        _place(params, Requirements(requisite=(C,)), None, source=_source("volume", "east"))
+
+
+def test_a_volume_clone_reserved_in_a_matching_pool_stays_there() -> None:
+    """The reserved-name rules come first: a retry of a clone finds it where it began."""
+    params = VolumeParameters.parse({"clusterID": "c", "pool": "rbd", topology.KEY: POOLS})
+    placed, released = _place(params, Requirements(preferred=(B, A)), "east", source=_source("volume", "west"))
+    assert (placed.pool, released) == ("east", [])
+    placed, released = _place(params, Requirements(requisite=(B,)), "east", release=True,
+                              source=_source("volume", "east"))
+    assert (placed.pool, released) == ("west", ["east"])
 
 
 def test_no_requirements_use_the_class_pool_and_warn_once_naming_the_opt_in(
