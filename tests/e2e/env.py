@@ -104,7 +104,7 @@ def start_ceph(address: str, directory: Path) -> CephTestCluster:
         # first, so the v1 one would cost every client a failed handshake.
         directory=values["CEPH_DIR"], conf=values["CEPH_CONF"], mon_host=values["CEPH_MON_V2"],
         pool=values["CEPH_POOL"], user=values["CEPH_CSI_USER"], key=values["CEPH_CSI_KEY"],
-        admin_key=values["CEPH_ADMIN_KEY"], cluster_id=values["CEPH_FSID"],
+        admin_key=values["CEPH_ADMIN_KEY"], cluster_id=values["CEPH_FSID"], pool2=values.get("CEPH_POOL2", ""),
     )
 
 
