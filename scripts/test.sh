@@ -4,8 +4,9 @@
 # the test suite starts and stops itself; then the Ceph-facing suites once per newer Ceph release.
 #
 # Without arguments:
-#   1. the whole suite against the host's Ceph (Pacific 16.2.15, the host's client);
-#   2. one session per release in CEPHCSI_TEST_RELEASES (default "reef tentacle tentacle-legacy";
+#   1. the whole suite against the host's Ceph (Pacific 16.2.15, the host's client), but for the
+#      real-kernel tier's own tests (tests/vm), which run in step 2's "vm" lane;
+#   2. the vm lane (unless CEPHCSI_TEST_MAIN=0) and one session per release in CEPHCSI_TEST_RELEASES (default "reef tentacle tentacle-legacy";
 #      "" runs none), each against a one-node cluster of that release (tests/ceph/releases.sh roots,
 #      `--ceph-release`):
 #      - reef:            tests/ceph, ceph_ops, controller — with the host's Pacific client;
@@ -26,6 +27,12 @@
 # goes. CEPHCSI_TEST_DRY_RUN=1 prints every session's command line (one argument a line, a blank
 # line after each) instead of running it (tests/unit/test_test_command.py checks them).
 #
+# Tiers (CEPHCSI_TEST_TIER): `ci` (the default, what CI runs) leaves out the tests marked `long`
+# in every session, so that set-up and tests stay well inside CI's 90 minutes on 2 cores; `long`
+# runs only those, in one session against the host's Ceph (most are real-kernel VM scenarios
+# under TCG: a second variant of a path the ci tier proves once, or a minutes-long kill or soak);
+# `all` runs both in every session.
+#
 # Extra arguments make it one pytest session with them (e.g. `scripts/test.sh -m unit` for the
 # fast unit tests only, or `scripts/test.sh --ceph-release=reef tests/integration/ceph_ops`).
 set -euo pipefail
@@ -35,8 +42,20 @@ if (($#)); then
   exec .venv/bin/python -m pytest "$@"
 fi
 
-DURATIONS=--durations=25
 DRY_RUN=${CEPHCSI_TEST_DRY_RUN-0}
+TIER=${CEPHCSI_TEST_TIER-ci}
+# MAIN_ONLY / VM_ONLY: the main session leaves the VM tier's own tests (marker vm, not e2e) to
+# the vm lane; tests/e2e/test_vm_node.py (vm and e2e) needs the e2e node, so it stays in main.
+case "$TIER" in
+  ci) DURATIONS=(--durations=25 -m "not long")
+      MAIN_ONLY=(--durations=25 -m "not long and (e2e or not vm)")
+      VM_ONLY=(--durations=25 -m "vm and not e2e and not long") ;;
+  long) DURATIONS=(--durations=25 -m long) ;;
+  all) DURATIONS=(--durations=25)
+       MAIN_ONLY=(--durations=25 -m "e2e or not vm")
+       VM_ONLY=(--durations=25 -m "vm and not e2e") ;;
+  *) echo "scripts/test.sh: CEPHCSI_TEST_TIER is ci, long or all, not $TIER" >&2; exit 2 ;;
+esac
 CEPH_SUITES=(tests/ceph tests/integration/ceph_ops)
 CONTROLLER=tests/integration/controller
 LONG_KILL_SEARCHES=(
@@ -57,17 +76,19 @@ session() {  # session RELEASE: the pytest command line of that release's sessio
   local release=$1
   case "$release" in
     reef)
-      printf '%s\n' .venv/bin/python -m pytest "$DURATIONS" --ceph-release=reef "${CEPH_SUITES[@]}" "$CONTROLLER"
+      printf '%s\n' .venv/bin/python -m pytest "${DURATIONS[@]}" --ceph-release=reef "${CEPH_SUITES[@]}" "$CONTROLLER"
       # The group-snapshot failpoint walk kills the host's Pacific client at named steps, as the
       # main session does; Reef's side of it is covered by that file's other tests.
       deselect_args "${LONG_KILL_SEARCHES[@]}" "$CONTROLLER/test_group_snapshots.py::test_kill_at_every_step_then_retry_completes" \
         "$GROUP_RANDOM_KILLS" ;;
     tentacle)
-      printf '%s\n' tests/ceph/in_root.sh tentacle "$DURATIONS" --ceph-release=tentacle "${CEPH_SUITES[@]}" "$CONTROLLER"
+      printf '%s\n' tests/ceph/in_root.sh tentacle "${DURATIONS[@]}" --ceph-release=tentacle "${CEPH_SUITES[@]}" "$CONTROLLER"
       deselect_args "${LONG_KILL_SEARCHES[0]}" "${LONG_KILL_SEARCHES[2]}" "$CONTROLLER/test_bench_go_caller.py" \
         "$GROUP_RANDOM_KILLS" ;;
+    vm)
+      printf '%s\n' .venv/bin/python -m pytest "${VM_ONLY[@]}" tests/vm ;;
     tentacle-legacy)
-      printf '%s\n' .venv/bin/python -m pytest "$DURATIONS" --ceph-release=tentacle-legacy "${CEPH_SUITES[@]}" \
+      printf '%s\n' .venv/bin/python -m pytest "${DURATIONS[@]}" --ceph-release=tentacle-legacy "${CEPH_SUITES[@]}" \
         tests/integration/auth ;;
     *) echo "scripts/test.sh: unknown release $release in CEPHCSI_TEST_RELEASES" >&2; return 2 ;;
   esac
@@ -91,10 +112,21 @@ run_session() {  # run_session RELEASE LOG: that release's session, its output t
 }
 
 status=0
-main=(.venv/bin/python -m pytest "$DURATIONS")
+releases=(${CEPHCSI_TEST_RELEASES-reef tentacle tentacle-legacy})
+if [[ $TIER == long ]]; then
+  # One session against the host's Ceph: no vm lane, no release session.
+  main=(.venv/bin/python -m pytest "${DURATIONS[@]}")
+  releases=()
+else
+  main=(.venv/bin/python -m pytest "${MAIN_ONLY[@]}")
+  # The real-kernel tier (tests/vm, Pacific like the main session) runs after the main session,
+  # in a lane of its own beside the release lanes: its VM emulates one CPU under TCG and keeps one
+  # core busy while the release sessions mostly wait on their OSDs.
+  if [[ ${CEPHCSI_TEST_MAIN-1} != 0 ]]; then releases=(vm "${releases[@]}"); fi
+fi
 if [[ $DRY_RUN == 1 ]]; then
   [[ ${CEPHCSI_TEST_MAIN-1} != 0 ]] && printf '%s\n' "${main[@]}" ""
-  for release in ${CEPHCSI_TEST_RELEASES-reef tentacle tentacle-legacy}; do
+  for release in "${releases[@]}"; do
     session "$release"
     echo
   done
@@ -103,12 +135,11 @@ fi
 if [[ ${CEPHCSI_TEST_MAIN-1} != 0 ]]; then
   "${main[@]}" || status=$?
 fi
-# The release sessions run in lanes, one per release family (reef; tentacle and tentacle-legacy,
+# The vm session and the release sessions run in lanes, one per release family (reef; tentacle and tentacle-legacy,
 # which share the sid root and its loopback address, one after the other), the lanes at the same
 # time: their clusters are apart and the Ceph tests mostly wait on the OSDs, so two lanes take
 # about 1.3 times the longer one instead of the sum (CI has 90 minutes). Each session's output is
 # printed whole, in CEPHCSI_TEST_RELEASES order, when every lane is done.
-releases=(${CEPHCSI_TEST_RELEASES-reef tentacle tentacle-legacy})
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 declare -A lanes=()
@@ -123,7 +154,7 @@ for family in "${!lanes[@]}"; do
 done
 for pid in "${pids[@]}"; do wait "$pid" || true; done
 for release in "${releases[@]}"; do
-  echo "=== Ceph $release ==="
+  if [[ $release == vm ]]; then echo "=== real-kernel tier (tests/vm, Ceph pacific) ==="; else echo "=== Ceph $release ==="; fi
   [[ -f $logs/$release ]] && cat "$logs/$release"
   rc=$(cat "$logs/$release.rc" 2>/dev/null || echo 2)
   if ((rc != 0 && status == 0)); then status=$rc; fi

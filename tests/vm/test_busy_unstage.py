@@ -63,6 +63,7 @@ def test_unstage_of_a_filesystem_held_busy_is_refused_and_retried(vm_env: VmEnv,
     assert kubelet_mounts(vm_env.vm) == []
 
 
+@pytest.mark.long  # the refusal and retry are the filesystem case's; this is the same for a held block device
 def test_unstage_of_a_block_device_held_open_is_refused_and_retried(vm_env: VmEnv, make_volume) -> None:  # type: ignore[no-untyped-def]
     volume: VmVolume = make_volume(64)
     cap = block_cap()

@@ -29,7 +29,8 @@ from tests.vm.guestio import read_payload, stage_record, write_payload
 from tests.vm.machine import scaled
 from tests.vm.plugin import GuestPlugin
 
-pytestmark = [pytest.mark.vm, pytest.mark.ceph, pytest.mark.timeout(900)]
+# In the long tier (a minute on two nodes), out of CI's 90 minutes.
+pytestmark = [pytest.mark.vm, pytest.mark.ceph, pytest.mark.long, pytest.mark.timeout(900)]
 
 STATE = "rbd.csi.ceph.com/encrypted"
 PASSPHRASE = "cephcsi-vm-concurrent-format-7c1e55"

@@ -50,7 +50,7 @@ def test_krbd_is_auto_choice_and_round_trips(vm_env: VmEnv, make_volume, access:
     assert "node default mapper" in log and "mounter=krbd" in log.replace('"', "").replace(": ", "=")
 
 
-@pytest.mark.parametrize("access, size_mb", [("ext4", 64), ("block", 64)])
+@pytest.mark.parametrize("access, size_mb", [("ext4", 64), pytest.param("block", 64, marks=pytest.mark.long)])
 def test_rbd_nbd_round_trips(vm_env: VmEnv, make_volume, access: str, size_mb: int) -> None:  # type: ignore[no-untyped-def]
     volume: VmVolume = make_volume(size_mb, mounter="rbd-nbd")
     round_trip(vm_env, volume, access, "rbd-nbd", "/dev/nbd")

@@ -152,6 +152,7 @@ def test_krbd_ext4_formats_once_holds_ciphertext_grows_online_and_ceph_csi_opens
     assert PASSPHRASE not in volume.plugin.log()
 
 
+@pytest.mark.long  # LUKS2 staging through krbd (the case above) is in the ci tier
 def test_rbd_nbd_block_opens_a_ceph_csi_header_grows_and_refuses_a_wrong_passphrase(
         vm_env: VmEnv, make_volume: Callable[..., VmVolume]) -> None:
     vm = vm_env.vm
@@ -194,6 +195,7 @@ def test_rbd_nbd_block_opens_a_ceph_csi_header_grows_and_refuses_a_wrong_passphr
     assert PASSPHRASE not in log and wrong not in log
 
 
+@pytest.mark.long  # the metadata KMS on a real kernel is also tests/e2e/test_vm_node.py's krbd claim
 def test_metadata_kms_opens_with_the_unwrapped_per_volume_passphrase(
         vm_env: VmEnv, make_volume: Callable[..., VmVolume]) -> None:
     vm = vm_env.vm

@@ -197,7 +197,10 @@ def nothing_mapped(env: VmEnv) -> None:
     assert kubelet_mounts(env.vm) == []
 
 
-@pytest.mark.parametrize("mounter, map_options", [("krbd", "krbd:exclusive"), ("rbd-nbd", "")])
+@pytest.mark.parametrize("mounter, map_options", [
+    ("krbd", "krbd:exclusive"),
+    pytest.param("rbd-nbd", "", marks=pytest.mark.long),  # the same flow again; rbd-nbd exclusivity is test_exclusive_map's
+])
 def test_hung_node_is_fenced_and_another_node_takes_over_every_acknowledged_write(
         vm_env: VmEnv, node_a: VmEnv, attacher: Attacher, mounter: str, map_options: str) -> None:
     a, b, cluster = node_a, vm_env, vm_env.cluster

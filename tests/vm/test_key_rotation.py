@@ -24,7 +24,8 @@ from tests.vm.machine import GUEST_VENV_PYTHON, Result
 from tests.vm.plugin import KUBELET_DIR, RUNTIME_DIR
 from tests.vm.test_encrypted_stage import PASSPHRASE, assert_closed, encrypted_volume, map_by_hand, stage
 
-pytestmark = [pytest.mark.vm, pytest.mark.ceph, pytest.mark.timeout(900)]
+# In the long tier (minutes under TCG), out of CI's 90 minutes.
+pytestmark = [pytest.mark.vm, pytest.mark.ceph, pytest.mark.long, pytest.mark.timeout(900)]
 
 KMS_ID = "meta"
 CHEAP_FORMAT = "cryptsetup -q luksFormat --type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file=-"

@@ -24,7 +24,8 @@ from tests.vm.machine import scaled
 from tests.vm.plugin import RUNTIME_DIR
 
 # 900 s: the first test also waits for the VM to boot under TCG (up to ~8 minutes on a loaded host).
-pytestmark = [pytest.mark.vm, pytest.mark.ceph, pytest.mark.timeout(900)]
+# In the long tier (minutes of kills under TCG), out of CI's 90 minutes.
+pytestmark = [pytest.mark.vm, pytest.mark.ceph, pytest.mark.long, pytest.mark.timeout(900)]
 
 WRITER = "tests/vm/writer.py"
 

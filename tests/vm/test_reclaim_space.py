@@ -17,7 +17,8 @@ from tests.vm.conftest import MiB, VmEnv, VmVolume, mount_cap
 from tests.vm.machine import GUEST_VENV_PYTHON
 
 # 900 s: the first test of a session also waits for the VM to boot under TCG.
-pytestmark = [pytest.mark.vm, pytest.mark.ceph, pytest.mark.timeout(900)]
+# In the long tier (the host tier proves reclaim through rbd-fuse), out of CI's 90 minutes.
+pytestmark = [pytest.mark.vm, pytest.mark.ceph, pytest.mark.long, pytest.mark.timeout(900)]
 
 TRIM = ("import json, sys\n"
         "from cephcsi.node import exec as node_exec, reclaim, stage_record\n"

@@ -64,6 +64,32 @@ def read_pool(cluster: CephTestCluster, namespace: str = "") -> PoolState:
     )
 
 
+def read_pool_without_others(cluster: CephTestCluster, baseline: PoolState, names: set[str]) -> PoolState:
+    """`read_pool`, less the images that appeared since `baseline` under names other than
+    `names` (with their objects): for a test whose work is confined to those names, another
+    test's residue arriving meanwhile (an image that the mgr's remove task of an earlier test
+    moves to the trash late, seen in a CI run) is not its doing."""
+    state = read_pool(cluster)
+    with admin_ioctx(cluster) as io:
+        appeared = {entry.name: entry.image_id for entry in imagestate.trash_entries(io)}
+        appeared.update(imagestate.directory_names(io))
+    known = {name for name, _ in baseline.trash} | baseline.directory
+    others = {name: image_id for name, image_id in appeared.items() if name not in names and name not in known}
+    ids = {image_id for image_id in others.values() if image_id}
+
+    def theirs(key: str) -> bool:
+        if key.startswith(IMAGE_OBJECT_PREFIXES):
+            return key.split(".")[1] in ids
+        return key.startswith("rbd_id.") and key[len("rbd_id."):] in others
+
+    return replace(
+        state,
+        directory=state.directory - others.keys(),
+        trash=frozenset(entry for entry in state.trash if entry[0] not in others),
+        objects=frozenset(key for key in state.objects if key in baseline.objects or not theirs(key)),
+    )
+
+
 def wait_for_pool(cluster: CephTestCluster, expected: PoolState, timeout: float = 60,
                   namespace: str = "") -> PoolState:
     """The pool once it equals `expected` (the mgr purges the trash in the background)."""
