@@ -5,8 +5,8 @@
 #
 # Without arguments:
 #   1. the whole suite against the host's Ceph (Pacific 16.2.15, the host's client), but for the
-#      real-kernel tier's own tests (tests/vm), which run in step 2's "vm" lane;
-#   2. the vm lane (unless CEPHCSI_TEST_MAIN=0) and one session per release in CEPHCSI_TEST_RELEASES (default "reef tentacle tentacle-legacy";
+#      real-kernel tier's own tests (tests/vm), which a "vm" session runs at the same time;
+#   2. one session per release in CEPHCSI_TEST_RELEASES (default "reef tentacle tentacle-legacy";
 #      "" runs none), each against a one-node cluster of that release (tests/ceph/releases.sh roots,
 #      `--ceph-release`):
 #      - reef:            tests/ceph, ceph_ops, controller — with the host's Pacific client;
@@ -113,47 +113,53 @@ run_session() {  # run_session RELEASE LOG: that release's session, its output t
 
 status=0
 releases=(${CEPHCSI_TEST_RELEASES-reef tentacle tentacle-legacy})
+vm_lane=()
 if [[ $TIER == long ]]; then
   # One session against the host's Ceph: no vm lane, no release session.
   main=(.venv/bin/python -m pytest "${DURATIONS[@]}")
   releases=()
 else
   main=(.venv/bin/python -m pytest "${MAIN_ONLY[@]}")
-  # The real-kernel tier (tests/vm, Pacific like the main session) runs after the main session,
-  # in a lane of its own beside the release lanes: its VM emulates one CPU under TCG and keeps one
-  # core busy while the release sessions mostly wait on their OSDs.
-  if [[ ${CEPHCSI_TEST_MAIN-1} != 0 ]]; then releases=(vm "${releases[@]}"); fi
+  if [[ ${CEPHCSI_TEST_MAIN-1} != 0 ]]; then vm_lane=(vm); fi
 fi
 if [[ $DRY_RUN == 1 ]]; then
   [[ ${CEPHCSI_TEST_MAIN-1} != 0 ]] && printf '%s\n' "${main[@]}" ""
-  for release in "${releases[@]}"; do
+  for release in "${vm_lane[@]}" "${releases[@]}"; do
     session "$release"
     echo
   done
   exit 0
 fi
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+pids=()
+# The real-kernel tier (tests/vm, Pacific like the main session) runs beside the main session,
+# from its start: its VM emulates one CPU under TCG, so it keeps about one core busy for ~20
+# minutes while the main session's integration tests mostly wait on Ceph. Its cluster and VMs
+# are its own (tests/vm: per-session node indexes; the bridge outlives every user of it).
+for release in "${vm_lane[@]}"; do
+  run_session "$release" "$logs/$release" &
+  pids+=($!)
+done
 if [[ ${CEPHCSI_TEST_MAIN-1} != 0 ]]; then
   "${main[@]}" || status=$?
 fi
-# The vm session and the release sessions run in lanes, one per release family (reef; tentacle and tentacle-legacy,
+# Then the release sessions, in lanes, one per release family (reef; tentacle and tentacle-legacy,
 # which share the sid root and its loopback address, one after the other), the lanes at the same
 # time: their clusters are apart and the Ceph tests mostly wait on the OSDs, so two lanes take
-# about 1.3 times the longer one instead of the sum (CI has 90 minutes). Each session's output is
-# printed whole, in CEPHCSI_TEST_RELEASES order, when every lane is done.
-logs=$(mktemp -d)
-trap 'rm -rf "$logs"' EXIT
+# about 1.3 times the longer one instead of the sum (CI has 90 minutes). Each session's output
+# (the vm lane's first) is printed whole when every lane is done.
 declare -A lanes=()
 for release in "${releases[@]}"; do
   family=${release%%-*}
   lanes[$family]+="$release "
 done
-pids=()
 for family in "${!lanes[@]}"; do
   (for release in ${lanes[$family]}; do run_session "$release" "$logs/$release"; done) &
   pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid" || true; done
-for release in "${releases[@]}"; do
+for release in "${vm_lane[@]}" "${releases[@]}"; do
   if [[ $release == vm ]]; then echo "=== real-kernel tier (tests/vm, Ceph pacific) ==="; else echo "=== Ceph $release ==="; fi
   [[ -f $logs/$release ]] && cat "$logs/$release"
   rc=$(cat "$logs/$release.rc" 2>/dev/null || echo 2)

@@ -99,6 +99,7 @@ def df_bytes(env: E2EEnv, namespace: str, pod: str, path: str = "/data") -> int:
     return int(out.strip())
 
 
+@pytest.mark.long  # online growth on the node is test_block_grows_online's and the ext4 test's; xfs twice is the long tier's
 def test_xfs_grows_twice_online(e2e: E2EEnv, namespace: str) -> None:
     kube = e2e.kube
     token = uuid.uuid4().hex
