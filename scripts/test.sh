@@ -47,11 +47,11 @@ TIER=${CEPHCSI_TEST_TIER-ci}
 # MAIN_ONLY / VM_ONLY: the main session leaves the VM tier's own tests (marker vm, not e2e) to
 # the vm lane; tests/e2e/test_vm_node.py (vm and e2e) needs the e2e node, so it stays in main.
 case "$TIER" in
-  ci) DURATIONS=(--durations=25 -m "not long")
+  ci) TIER_ARGS=(--durations=25 -m "not long")
       MAIN_ONLY=(--durations=25 -m "not long and (e2e or not vm)")
       VM_ONLY=(--durations=25 -m "vm and not e2e and not long") ;;
-  long) DURATIONS=(--durations=25 -m long) ;;
-  all) DURATIONS=(--durations=25)
+  long) TIER_ARGS=(--durations=25 -m long) ;;
+  all) TIER_ARGS=(--durations=25)
        MAIN_ONLY=(--durations=25 -m "e2e or not vm")
        VM_ONLY=(--durations=25 -m "vm and not e2e") ;;
   *) echo "scripts/test.sh: CEPHCSI_TEST_TIER is ci, long or all, not $TIER" >&2; exit 2 ;;
@@ -76,19 +76,19 @@ session() {  # session RELEASE: the pytest command line of that release's sessio
   local release=$1
   case "$release" in
     reef)
-      printf '%s\n' .venv/bin/python -m pytest "${DURATIONS[@]}" --ceph-release=reef "${CEPH_SUITES[@]}" "$CONTROLLER"
+      printf '%s\n' .venv/bin/python -m pytest "${TIER_ARGS[@]}" --ceph-release=reef "${CEPH_SUITES[@]}" "$CONTROLLER"
       # The group-snapshot failpoint walk kills the host's Pacific client at named steps, as the
       # main session does; Reef's side of it is covered by that file's other tests.
       deselect_args "${LONG_KILL_SEARCHES[@]}" "$CONTROLLER/test_group_snapshots.py::test_kill_at_every_step_then_retry_completes" \
         "$GROUP_RANDOM_KILLS" ;;
     tentacle)
-      printf '%s\n' tests/ceph/in_root.sh tentacle "${DURATIONS[@]}" --ceph-release=tentacle "${CEPH_SUITES[@]}" "$CONTROLLER"
+      printf '%s\n' tests/ceph/in_root.sh tentacle "${TIER_ARGS[@]}" --ceph-release=tentacle "${CEPH_SUITES[@]}" "$CONTROLLER"
       deselect_args "${LONG_KILL_SEARCHES[0]}" "${LONG_KILL_SEARCHES[2]}" "$CONTROLLER/test_bench_go_caller.py" \
         "$GROUP_RANDOM_KILLS" ;;
     vm)
       printf '%s\n' .venv/bin/python -m pytest "${VM_ONLY[@]}" tests/vm ;;
     tentacle-legacy)
-      printf '%s\n' .venv/bin/python -m pytest "${DURATIONS[@]}" --ceph-release=tentacle-legacy "${CEPH_SUITES[@]}" \
+      printf '%s\n' .venv/bin/python -m pytest "${TIER_ARGS[@]}" --ceph-release=tentacle-legacy "${CEPH_SUITES[@]}" \
         tests/integration/auth ;;
     *) echo "scripts/test.sh: unknown release $release in CEPHCSI_TEST_RELEASES" >&2; return 2 ;;
   esac
@@ -116,7 +116,7 @@ releases=(${CEPHCSI_TEST_RELEASES-reef tentacle tentacle-legacy})
 vm_lane=()
 if [[ $TIER == long ]]; then
   # One session against the host's Ceph: no vm lane, no release session.
-  main=(.venv/bin/python -m pytest "${DURATIONS[@]}")
+  main=(.venv/bin/python -m pytest "${TIER_ARGS[@]}")
   releases=()
 else
   main=(.venv/bin/python -m pytest "${MAIN_ONLY[@]}")
