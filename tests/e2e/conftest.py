@@ -14,10 +14,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.e2e.env import E2EEnv, start_env
+from tests.integration.encryption.vault_server import VaultServer, binary_path
 
 log = logging.getLogger(__name__)
 E2E_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -25,7 +27,8 @@ E2E_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # Scenario order: the basic volume paths first (a failure there explains later ones), the
 # disruptive ones (restarts, a killed leader, a config edit) after them.
-MODULE_ORDER = ("test_registrar.py", "test_volumes.py", "test_expansion.py", "test_snapshots.py", "test_demo.py",
+MODULE_ORDER = ("test_registrar.py", "test_volumes.py", "test_expansion.py", "test_snapshots.py",
+                "test_encrypted_file.py", "test_demo.py",
                 "test_qos.py", "test_restarts.py", "test_burst.py", "test_config.py", "test_releases.py")
 
 
@@ -57,6 +60,22 @@ def e2e() -> Iterator[E2EEnv]:
             # Teardown problems are reported, not raised: the tests' own results stand, and
             # the next session's start clears what is left (see NodeHost.clear_leftovers).
             log.warning("e2e teardown left problems: %s", failed)
+
+
+@pytest.fixture(scope="package")
+def e2e_vault(e2e: E2EEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VaultServer]:
+    """One real Vault (dev mode, in memory; tests/integration/encryption/vault_server.py) for the
+    e2e tests, started on first use and listening on the node IP: the only address both driver
+    pods reach (the node plugin has the host's network, the controller a pod's)."""
+    binary = binary_path()
+    if not binary.is_file():
+        pytest.skip(f"no Vault server binary at {binary}: run scripts/build_vault.sh (or scripts/setup.sh)")
+    server = VaultServer(binary=binary, work_dir=Path(tmp_path_factory.mktemp("e2e-vault")), host=e2e.node.ip)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """A real Vault server for the vault/vaulttokens KMS tests: `vault server -dev` (in-memory
-storage, unsealed, root token of our choosing) on 127.0.0.1 and a free port.
+storage, unsealed, root token of our choosing) on 127.0.0.1 (or `host`, e.g. the e2e node IP pods
+reach) and a free port.
 
 The binary is built by scripts/build_vault.sh (HashiCorp Vault v1.14.1, MPL-2.0) into
 ~/.cache/cephcsi/vault/<version>/bin/vault; the fixture skips with a visible reason when it is not
@@ -39,9 +40,9 @@ def binary_path() -> Path:
     return cache / "vault" / version / "bin" / "vault"
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
@@ -54,11 +55,13 @@ class VaultServer:
     tls: bool = False
     """Serve HTTPS with the certificate dev mode makes (-dev-tls: a CA and a serving certificate
     for localhost and 127.0.0.1)."""
+    host: str = "127.0.0.1"
+    """The address to listen on (-dev-tls's certificate names only localhost and 127.0.0.1)."""
     process: subprocess.Popen[bytes] | None = None
 
     @property
     def address(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     @property
     def ca_file(self) -> Path:
@@ -69,10 +72,10 @@ class VaultServer:
         return self.work_dir / "vault.log"
 
     def start(self, timeout: float = 30.0) -> None:
-        self.port = self.port or _free_port()
+        self.port = self.port or _free_port(self.host)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.work_dir)}
-        argv = [str(self.binary), "server", "-dev", f"-dev-listen-address=127.0.0.1:{self.port}",
+        argv = [str(self.binary), "server", "-dev", f"-dev-listen-address={self.host}:{self.port}",
                 f"-dev-root-token-id={self.root_token}", "-dev-no-store-token", "-log-level=warn"]
         if self.tls:
             (self.work_dir / "tls").mkdir(exist_ok=True)
