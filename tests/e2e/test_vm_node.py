@@ -27,6 +27,10 @@ ciphertext check above can fail. The rbd-nbd daemon runs in the node plugin's co
 (Tentacle's rbd-nbd always does where the kernel has it); on resize it reconfigures the device's
 size through netlink, which Linux 6.1 honours, so the filesystem grows online there too.
 
+The demo (scripts/demo.sh --node=vm) runs there too: tests/e2e/demo.py's steps with its pods
+pinned to the VM node, checked as tests/e2e/test_demo.py checks them on the host node, and its
+claims mapped by krbd.
+
 Runs after every other e2e scenario (the module is not in conftest's MODULE_ORDER): while the VM
 node exists, the scheduler could place other scenarios' pods on it. Skips, saying why, where the
 VM tier cannot run (no qemu, not root, no VM image).
@@ -36,9 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-import shutil
-import tempfile
-import time
+import io
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -52,6 +54,7 @@ import yaml
 from cephcsi.encryption.kms.secrets import unwrap
 from cephcsi.encryption.volume_keys import DEK_KEY, ENCRYPTED, STATE_KEY
 from tests.e2e.checks import ceph_volume
+from tests.e2e.demo import Demo
 from tests.e2e.env import DEPLOY, IMAGE, SECRET, STORAGE_CLASS, E2EEnv, storage_class
 from tests.e2e.kube import CONTROLLER_LABELS, DEPLOY_NAMESPACE, DRIVER, NODE_LABELS, image_name, wait_for
 from tests.e2e.snapshot_addon import GROUP, VERSION, example_snapshot_class, start_snapshot_addon
@@ -59,8 +62,9 @@ from tests.e2e.test_expansion import df_bytes, grow, wait_resized
 from tests.e2e.test_qos import write_rate
 from tests.e2e.test_snapshots import READY_TIMEOUT, content, snapshot
 from tests.e2e.test_volumes import IDLE, delete_claim, fs_type, provision, read_image
-from tests.vm import kube_disk, network
-from tests.vm.conftest import MAX_CONCURRENT_SESSIONS, boot_free_node, image_or_skip
+from tests.e2e.test_demo import check_demo
+from tests.e2e.vm_node import joined_vm_node, patience, wait_plugin
+from tests.vm.conftest import MAX_CONCURRENT_SESSIONS, image_or_skip
 from tests.vm.kube_node import VmKubelet
 from tests.vm.machine import VmNode, scaled
 
@@ -71,8 +75,6 @@ log = logging.getLogger(__name__)
 pytestmark = [pytest.mark.e2e, pytest.mark.vm, pytest.mark.long, pytest.mark.timeout(900, func_only=True)]
 
 MI = 1 << 20
-VM_MEMORY_MB = 3072
-"""The guest's Kubernetes node: kubelet, containerd, the node plugin, a test pod and the page cache."""
 STAGING_ROOT = "/var/lib/kubelet/plugins/kubernetes.io/csi"
 NBD_CLASS = "csi-rbd-sc-nbd"
 """The e2e StorageClass with `mounter: rbd-nbd` (the node's `--mounter=auto` picks krbd)."""
@@ -98,13 +100,16 @@ class Luks:
     storage_class: str
     snapshot_class: str
     passphrase: str = field(repr=False)  # never in a failure report
+    example_snapshot_class: str = ""
+    """The add-on's VolumeSnapshotClass of deploy/examples (unencrypted), for the demo."""
 
 
 @pytest.fixture(scope="module")
 def luks(e2e: E2EEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Luks]:
     """The KMS ConfigMap of deploy/examples, the class's Secret and StorageClass, the snapshot
-    add-on and a VolumeSnapshotClass with the same Secret (a snapshot re-keeps the passphrase).
-    Made before the VM node boots, so its plugin starts with the ConfigMap mounted."""
+    add-on (with the example VolumeSnapshotClass) and a VolumeSnapshotClass with the same Secret
+    (a snapshot re-keeps the passphrase). Made before the VM node boots, so its plugin starts
+    with the ConfigMap mounted."""
     image_or_skip("VM node")  # skip before anything is made
     kube, ceph = e2e.kube, e2e.ceph
     kms_config = yaml.safe_load(KMS_EXAMPLE.read_text())
@@ -134,7 +139,7 @@ def luks(e2e: E2EEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Luks
         snapclass["metadata"]["name"] = LUKS_SNAPSHOT_CLASS
         snapclass["parameters"]["csi.storage.k8s.io/snapshotter-secret-name"] = LUKS_SECRET
         custom.create_cluster_custom_object(GROUP, VERSION, "volumesnapshotclasses", snapclass)
-        yield Luks(LUKS_CLASS, LUKS_SNAPSHOT_CLASS, passphrase)
+        yield Luks(LUKS_CLASS, LUKS_SNAPSHOT_CLASS, passphrase, addon.class_name)
     finally:
         try:
             addon.stop()
@@ -152,62 +157,10 @@ def luks(e2e: E2EEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Luks
 @pytest.fixture(scope="module")
 def vm_kube(e2e: E2EEnv, luks: Luks) -> Iterator[VmKubelet]:
     image = image_or_skip("VM node")
-    assert e2e.image_tar is not None
-    started = time.monotonic()
-    disk = kube_disk.build(e2e.node.bin_dir / "kubelet", e2e.node.bin_dir / "pause.tar", e2e.image_tar)
-    log.info("VM node: Kubernetes disk %s ready after %.0fs", disk, time.monotonic() - started)
-    workdir = tempfile.mkdtemp(prefix="vmk-", dir="/tmp")
-    vm: VmNode | None = None
-    node: VmKubelet | None = None
-    try:
-        vm = boot_free_node(image, workdir, range(MAX_CONCURRENT_SESSIONS), VM_MEMORY_MB, (str(disk),))
-        if vm is None:
+    with joined_vm_node(e2e, image, lambda: e2e.namespaces) as node:
+        if node is None:
             pytest.skip(f"VM node: {MAX_CONCURRENT_SESSIONS} other test sessions run VM nodes on this machine")
-        log.info("VM node %d (%s) booted in %.0fs", vm.index, vm.accel, vm.boot_seconds)
-        node = VmKubelet(vm, e2e.node.plane)
-        started = time.monotonic()
-        node.start()
-        log.info("VM node %s Ready after %.0fs", node.name, time.monotonic() - started)
         yield node
-    finally:
-        if node is not None:
-            release_node(e2e, node.name)
-            node.stop()
-        if vm is not None:
-            vm.stop()
-        network.remove_bridge()
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def release_node(e2e: E2EEnv, node: str) -> None:
-    """Before the VM goes: delete the test pods a failed test left on it and wait until the
-    driver has detached their volumes, so that e2e's uninstall can delete them (a volume still
-    attached to a deleted node is never deleted)."""
-    try:
-        for namespace in e2e.namespaces:
-            for pod in e2e.kube.pods(namespace):
-                if pod["spec"].get("nodeName") == node:
-                    e2e.kube.delete_pod(namespace, pod["metadata"]["name"], timeout=scaled(120))
-        wait_for(f"no VolumeAttachment on {node}",
-                 lambda: not [a for a in e2e.kube.attachments() if a["spec"].get("nodeName") == node], scaled(120))
-    except Exception as error:  # noqa: BLE001 - the test's own failure says more; the teardown goes on
-        log.warning("VM node %s: %s", node, error)
-
-
-def plugin_pod(e2e: E2EEnv, node: str) -> dict[str, Any] | None:
-    """The DaemonSet's pod on `node`, once Ready."""
-    pods = [pod for pod in e2e.kube.ready_pods(NODE_LABELS) if pod["spec"].get("nodeName") == node]
-    return pods[0] if pods else None
-
-
-def wait_plugin(e2e: E2EEnv, vm_kube: VmKubelet) -> dict[str, Any]:
-    def explain() -> str:
-        pods = [p for p in e2e.kube.pods(DEPLOY_NAMESPACE, NODE_LABELS) if p["spec"].get("nodeName") == vm_kube.name]
-        return "\n".join(f"{p['metadata']['name']}: {json.dumps(p.get('status'))[:1500]}\n"
-                         f"{e2e.kube.events(DEPLOY_NAMESPACE, p['metadata']['name'])}" for p in pods) + vm_kube.logs()
-
-    return wait_for(f"the node plugin Ready on {vm_kube.name}", lambda: plugin_pod(e2e, vm_kube.name),
-                    scaled(300), interval=2.0, explain=explain)
 
 
 def controller_logs(e2e: E2EEnv, lines: int = 30) -> str:
@@ -491,3 +444,28 @@ def restore_and_read(e2e: E2EEnv, vm_kube: VmKubelet, namespace: str, luks: Luks
     written = read_image(e2e, image, 64 * MI)
     assert written.startswith(LUKS_MAGIC) and token.encode() not in written
     delete_claim(e2e, namespace, "restored", restored)
+
+
+def test_the_demo_on_the_vm_node_maps_with_krbd(e2e: E2EEnv, vm_kube: VmKubelet, namespace: str, luks: Luks) -> None:
+    """scripts/demo.sh --node=vm: the demo's steps (tests/e2e/demo.py) with its pods pinned to the
+    VM node, where the claim is mapped by krbd and ext4 grows online; then nothing is left there."""
+    wait_plugin(e2e, vm_kube)
+    out = io.StringIO()
+    try:
+        result = Demo(e2e, out, namespace=namespace, snapshot_class=luks.example_snapshot_class,
+                      node=vm_kube.name, fstype="ext4", patience=patience()).run()
+    finally:
+        print(out.getvalue())
+        e2e.kube.kubectl("-n", namespace, "delete", "volumesnapshots", "--all", "--wait=false")
+    transcript = out.getvalue()
+    check_demo(result, transcript, namespace)
+    assert result.mounter == "krbd" and result.fstype == "ext4", transcript
+    assert f"kubernetes.io/hostname: {vm_kube.name}" in transcript, transcript
+    pods = {pod["metadata"]["name"]: pod["spec"].get("nodeName") for pod in e2e.kube.pods(namespace)}
+    assert set(pods.values()) == {vm_kube.name} and len(pods) == 2, pods
+    # The device the pod's filesystem is on is a krbd one, and the VM's kernel maps both claims.
+    assert result.device.startswith("/dev/rbd"), transcript
+    assert len(krbd_images(vm_kube.vm)) == 2, krbd_images(vm_kube.vm)
+    for pod in pods:
+        e2e.kube.delete_pod(namespace, pod, timeout=scaled(120))
+    wait_vm_clean(vm_kube.vm)
