@@ -144,6 +144,14 @@ def main(argv: list[str]) -> int:
             return 1
 
 
+def vm_lines(vm: VmKubelet | None) -> str:
+    if vm is None:
+        return ""
+    return (f"\n  VM node {vm.name} ({vm.vm.address}, stock Debian kernel): pods with nodeSelector "
+            f"kubernetes.io/hostname: {vm.name} get krbd devices; its kubelet and containerd logs are in "
+            f"{vm.vm.host_path('')}")
+
+
 def serve(args: argparse.Namespace, env: E2EEnv, addon: SnapshotAddon | None, vm: VmKubelet | None,
           stop: threading.Event) -> int:
     """The demo (with --demo), then how to reach everything, until `stop`; then what the demo
@@ -152,14 +160,13 @@ def serve(args: argparse.Namespace, env: E2EEnv, addon: SnapshotAddon | None, vm
         if addon is not None:
             run_demo(env, addon, vm)
         kubectl = env.node.bin_dir / "kubectl"
-        nodes = env.node.name + (f" and VM node {vm.name}" if vm is not None else "")
-        print(f"""e2e node {nodes} is up ({env.timings.steps})
+        print(f"""e2e node {env.node.name} is up ({env.timings.steps})
   export KUBECONFIG={env.node.kubeconfig}
   alias kubectl={kubectl}
   kubectl get pods -A            # the driver in namespace ceph-csi-rbd
   StorageClasses: {STORAGE_CLASS} (ext4), {XFS_CLASS}; image for pods: docker.io/library/cephcsi:0.1.0
   Ceph: ceph -c {env.ceph.conf} status    (pool {env.ceph.pool}, clusterID {env.ceph.cluster_id})
-  logs: {env.node.logs} and {env.node.work_dir}/cp
+  logs: {env.node.logs} and {env.node.work_dir}/cp{vm_lines(vm)}
 Ctrl-C (or scripts/demo.sh --down) tears everything down.""", flush=True)
         if args.ready_file:
             args.ready_file.touch()
