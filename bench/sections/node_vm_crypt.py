@@ -24,7 +24,6 @@ import os
 import secrets
 import shlex
 import tempfile
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,13 +35,13 @@ from bench.sections.node_ops import MKFS_EXT4, STEPS, Timings, _capability
 from bench.sections.node_vm import (
     GUEST_TIMEOUT_S,
     MAPPERS,
-    RPC_TIMEOUT_S,
     _Cycles,
     _start,
     _Vm,
     accelerator_label,
     parse_down,
     parse_up,
+    timed_cycle,
 )
 from bench.stats import Spread, percentile, ratio_spread, spread
 
@@ -199,26 +198,13 @@ class _CryptCycles(_Cycles):
             request_secrets = {**cluster.secrets, PASSPHRASE_KEY: self.class_secret}
             staging, target = self._paths(mode)
             cap = _capability(mode)
-            started = time.perf_counter()
-            stub.NodeStageVolume(csi_pb2.NodeStageVolumeRequest(
+            def write_while_published() -> None:
+                self._dump("driver", str(stage_record(self.vm.node, staging)["device"]))
+                t.write.append(self._write(target))
+
+            timed_cycle(stub, t, csi_pb2.NodeStageVolumeRequest(
                 volume_id=volume_id, staging_target_path=staging, volume_capability=cap,
-                secrets=request_secrets, volume_context=context), timeout=RPC_TIMEOUT_S)
-            t.stage.append(time.perf_counter() - started)
-            started = time.perf_counter()
-            stub.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(
-                volume_id=volume_id, staging_target_path=staging, target_path=target, volume_capability=cap,
-                volume_context=context), timeout=RPC_TIMEOUT_S)
-            t.publish.append(time.perf_counter() - started)
-            self._dump("driver", str(stage_record(self.vm.node, staging)["device"]))
-            t.write.append(self._write(target))
-            started = time.perf_counter()
-            stub.NodeUnpublishVolume(csi_pb2.NodeUnpublishVolumeRequest(
-                volume_id=volume_id, target_path=target), timeout=RPC_TIMEOUT_S)
-            t.unpublish.append(time.perf_counter() - started)
-            started = time.perf_counter()
-            stub.NodeUnstageVolume(csi_pb2.NodeUnstageVolumeRequest(
-                volume_id=volume_id, staging_target_path=staging), timeout=RPC_TIMEOUT_S)
-            t.unstage.append(time.perf_counter() - started)
+                secrets=request_secrets, volume_context=context), target, write_while_published)
         finally:
             self._remove(image)
 
