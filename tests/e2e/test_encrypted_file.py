@@ -27,12 +27,11 @@ import kubernetes.client
 import pytest
 import yaml
 
-from tests.capabilities import can_grow_ext4_online
-from tests.e2e.checks import DIRECTORY, node_leftovers, wait_node_clean
+from tests.e2e.checks import DIRECTORY, wait_node_clean
 from tests.e2e.env import DEPLOY, IMAGE, E2EEnv, storage_class
 from tests.e2e.kube import CONTROLLER_LABELS, DEPLOY_NAMESPACE, NODE_LABELS, image_name, volume_uuid, wait_for
 from tests.e2e.snapshot_addon import GROUP, VERSION, start_snapshot_addon
-from tests.e2e.test_expansion import MI, RESIZE_TIMEOUT, df_bytes, grow, image_bytes, resize_state, wait_resized
+from tests.e2e.test_expansion import MI, df_bytes, grow_ext4
 from tests.e2e.test_snapshots import READY_TIMEOUT, content, snapshot
 from tests.e2e.test_volumes import IDLE, delete_claim, fs_type, provision
 from tests.integration.encryption.vault_server import VaultServer
@@ -284,19 +283,8 @@ def test_fscrypt_claim_with_its_key_in_vault(e2e: E2EEnv, e2e_vault: VaultServer
     assert sorted(kube.exec_in(namespace, "app", "ls -A /data").split()) == sorted(["blob", "blob.sum", diary])
     before = df_bytes(e2e, namespace, "app")
 
-    grow(e2e, namespace, "data", 160)
-    if can_grow_ext4_online():
-        wait_resized(e2e, namespace, "data", 160)
-    else:  # the ext4 growth waits for the next stage (see test_expansion), which unlocks again
-        wait_for("the image grown and the claim waiting for the node",
-                 lambda: image_bytes(e2e, image) == 160 * MI and "FileSystemResizePending" in str(
-                     resize_state(kube.pvc(namespace, "data") or {})["conditions"]),
-                 RESIZE_TIMEOUT, interval=1.0)
-        kube.delete_pod(namespace, "app")
-        wait_for("the volume unstaged from the node", lambda: not node_leftovers(pv, image), timeout=90)
-        kube.create_pod(namespace, "app", IMAGE, write, "data")
-        kube.wait_pod_ready(namespace, "app")
-        wait_resized(e2e, namespace, "data", 160)
+    # On a node without online ext4 growth the next stage grows it, and unlocks the directory again.
+    grow_ext4(e2e, namespace, "data", pv, 160, pod="app", command=write)
     assert df_bytes(e2e, namespace, "app") >= before + 80 * MI
     assert kube.exec_in(namespace, "app", f"cat /data/{diary}").strip() == token
     kube.exec_in(namespace, "app", "sha256sum -c /data/blob.sum && echo grown > /data/after-growth && sync")

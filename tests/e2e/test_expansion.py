@@ -99,6 +99,29 @@ def df_bytes(env: E2EEnv, namespace: str, pod: str, path: str = "/data") -> int:
     return int(out.strip())
 
 
+def grow_ext4(env: E2EEnv, namespace: str, claim: str, pv: dict[str, Any], mebibytes: int, pod: str,
+              command: str) -> None:
+    """Grow an ext4 claim (bound to `pv`) that `pod` (running `command`) uses: online where the
+    node can, else the controller step, then the pod replaced so the volume's next stage grows it."""
+    kube = env.kube
+    image = image_name(pv)
+    grow(env, namespace, claim, mebibytes)
+    if can_grow_ext4_online():
+        wait_resized(env, namespace, claim, mebibytes)
+        return
+    # The controller step completes; the node step cannot while the filesystem is mounted.
+    wait_for("the image grown and the claim waiting for the node",
+             lambda: image_bytes(env, image) == mebibytes * MI and "FileSystemResizePending" in str(
+                 resize_state(kube.pvc(namespace, claim) or {})["conditions"]),
+             RESIZE_TIMEOUT, interval=1.0)
+    kube.delete_pod(namespace, pod)
+    # Unstaged (not only the pod gone): the next pod must get a fresh stage, where it grows.
+    wait_for("the volume unstaged from the node", lambda: not node_leftovers(pv, image), timeout=90)
+    kube.create_pod(namespace, pod, IMAGE, command, claim)
+    kube.wait_pod_ready(namespace, pod)
+    wait_resized(env, namespace, claim, mebibytes)
+
+
 @pytest.mark.long  # online growth on the node is test_block_grows_online's and the ext4 test's; xfs twice is the long tier's
 def test_xfs_grows_twice_online(e2e: E2EEnv, namespace: str) -> None:
     kube = e2e.kube
@@ -178,7 +201,6 @@ def test_ext4_grows_online_or_at_the_next_stage(e2e: E2EEnv, namespace: str) -> 
     kube = e2e.kube
     token = uuid.uuid4().hex
     pv = provision(e2e, namespace, "grow4", size=quantity(64))
-    image = image_name(pv)
     command = f"test -f /data/token || echo {token} > /data/token; sync; {IDLE}"
     kube.create_pod(namespace, "app", IMAGE, command, "grow4")
     kube.wait_pod_ready(namespace, "app")
@@ -186,21 +208,7 @@ def test_ext4_grows_online_or_at_the_next_stage(e2e: E2EEnv, namespace: str) -> 
     assert fs_type(e2e, namespace, "app") == "ext4"
     before = df_bytes(e2e, namespace, "app")
 
-    grow(e2e, namespace, "grow4", 160)
-    if can_grow_ext4_online():
-        wait_resized(e2e, namespace, "grow4", 160)
-    else:
-        # The controller step completes; the node step cannot while the filesystem is mounted.
-        wait_for("the image grown and the claim waiting for the node",
-                 lambda: image_bytes(e2e, image) == 160 * MI and "FileSystemResizePending" in str(
-                     resize_state(kube.pvc(namespace, "grow4") or {})["conditions"]),
-                 RESIZE_TIMEOUT, interval=1.0)
-        kube.delete_pod(namespace, "app")
-        # Unstaged (not only the pod gone): the next pod must get a fresh stage, where it grows.
-        wait_for("the volume unstaged from the node", lambda: not node_leftovers(pv, image), timeout=90)
-        kube.create_pod(namespace, "app", IMAGE, command, "grow4")
-        kube.wait_pod_ready(namespace, "app")
-        wait_resized(e2e, namespace, "grow4", 160)
+    grow_ext4(e2e, namespace, "grow4", pv, 160, pod="app", command=command)
     after = df_bytes(e2e, namespace, "app")
     # 96 MiB more device; ext4 keeps some of each new block group for its own metadata.
     assert after >= before + 80 * MI, (before, after)
