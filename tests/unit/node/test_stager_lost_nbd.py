@@ -1,5 +1,5 @@
-"""NodeStageVolume of an rbd-nbd volume whose daemon died with an earlier plugin (Stager.
-_release_lost_device): waits while the healer may still re-attach the device, refuses while pods
+"""NodeStageVolume of an rbd-nbd volume whose daemon died with an earlier plugin (DeviceRecovery.
+release_lost_device): waits while the healer may still re-attach the device, refuses while pods
 use the dead mount, and otherwise unmounts it so the stage maps afresh. End to end on a real
 kernel: tests/vm/test_nbd_reattach.py."""
 from __future__ import annotations
@@ -71,20 +71,20 @@ class Setup:
 def test_waits_while_the_device_may_still_be_reattached(tmp_path: pathlib.Path) -> None:
     setup = Setup(tmp_path, published=False, waiting=True)
     with pytest.raises(OperationInFlight, match="re-attach"):
-        setup.stager._release_lost_device(setup.record)
+        setup.stager.recovery.release_lost_device(setup.record)
     assert setup.mounter.unmounted == []
 
 
 def test_refuses_while_pods_use_the_dead_mount(tmp_path: pathlib.Path) -> None:
     setup = Setup(tmp_path, published=True, waiting=False)
     with pytest.raises(FailedPrecondition, match="Restart the pods"):
-        setup.stager._release_lost_device(setup.record)
+        setup.stager.recovery.release_lost_device(setup.record)
     assert setup.mounter.unmounted == []
 
 
 def test_unmounts_the_dead_mount_and_resumes_from_the_map(tmp_path: pathlib.Path) -> None:
     setup = Setup(tmp_path, published=False, waiting=False)
-    setup.stager._release_lost_device(setup.record)
+    setup.stager.recovery.release_lost_device(setup.record)
     assert setup.mounter.unmounted == [setup.record.mount_path]
     saved = stage_record.load(setup.record.staging_path)
     assert saved is not None and saved.staged is False and saved.device == "" and saved.formatted is True
