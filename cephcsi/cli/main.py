@@ -52,6 +52,9 @@ def run(settings: Settings) -> int:
         # The default mapper decides whether volumes survive a plugin restart: choose it now,
         # so the start-up log and cephcsi_node_mapper_info show it before any volume is staged.
         resolve_at_start(services.node.service.choice)
+        if services.node.service.stale_sweep is not None:
+            # Before the node service serves: no NodeStageVolume of this process is half-way.
+            services.node.service.stale_sweep.run()
         services.node.service.loop_follower.start()
         if services.node.service.nbd_healer is not None:
             services.node.service.nbd_healer.start()

@@ -27,6 +27,7 @@ from cephcsi.node.reclaim_claims import KubeTrimRequests
 from cephcsi.node.reclaim_loop import NodeTrimPass
 from cephcsi.node.publisher import Publisher
 from cephcsi.node.service import NodeConfig, NodeParts, NodeService
+from cephcsi.node.stale_stages import StaleStageSweep
 from cephcsi.node.stager import Stager
 from cephcsi.node.topology import KubeNodeLabels, NodeLabels
 
@@ -65,7 +66,15 @@ def build_node_service(config: NodeConfig, runner: node_exec.Runner = node_exec.
     ))
     # Started by the process (cli.main) too; it takes the service's volume locks.
     service.nbd_healer = NbdHealer(nbd, service.volume_locks)
-    if config.reclaimspace_poll_interval > 0 and (config.kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST")):
+    has_api = bool(config.kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST"))
+    if has_api and isinstance(labels, KubeNodeLabels):
+        # Run by the process (cli.main) before the node service serves; without an API to read
+        # the Node from (a plugin run outside a cluster) there is no sweep.
+        node_labels = labels
+        service.stale_sweep = StaleStageSweep(
+            config.node_id, config.driver_name, config.kubelet_dir,
+            lambda name: node_labels.node(name, "cannot read this node's attached volumes"), service.unstage)
+    if config.reclaimspace_poll_interval > 0 and has_api:
         # Started by the process (cli.main) as well; it takes the service's volume locks. Without
         # an API to read the claims from (a plugin run outside a cluster) there is no pass.
         service.reclaimer = NodeTrimPass(

@@ -7,7 +7,6 @@ follows the leader's record: docs/design/node.md, "Following the leader's record
 """
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import os
@@ -19,55 +18,23 @@ from datetime import datetime
 from cephcsi.errors import CephCSIError, OperationInFlight
 from cephcsi.locks import KeyLocks
 from cephcsi.node import exec as node_exec, reclaim, stage_record
+from cephcsi.node.staged_volumes import stage_records
 from cephcsi.observability.logging import fields
 from cephcsi.volumes.reclaim import format_time, parse_time
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "reclaim-trims.json"
-CSI_DIR = "plugins/kubernetes.io/csi"
-LEGACY_DIR = "pv"
-"""kubelet's staging paths of Filesystem volumes: <driver>/<sha256>/globalmount since Kubernetes
-1.24, pv/<pv name>/globalmount before, where only the vol_data.json beside it names the driver.
-Block volumes are never trimmed on the node."""
-VOL_DATA = "vol_data.json"
 
 Requests = Callable[[list[stage_record.StageRecord]], Mapping[str, datetime]]
 """Volume id → the claim's recorded run, for the records given (absent: no run recorded)."""
 
 
-def staging_paths(kubelet_dir: str, driver_name: str) -> list[str]:
-    """The staging paths of Filesystem volumes of driver `driver_name` on this node."""
-    root = os.path.join(kubelet_dir, CSI_DIR)
-    found = set(glob.glob(os.path.join(glob.escape(os.path.join(root, driver_name)), "*", "globalmount")))
-    for path in glob.glob(os.path.join(glob.escape(os.path.join(root, LEGACY_DIR)), "*", "globalmount")):
-        if _driver_of(os.path.dirname(path)) == driver_name:
-            found.add(path)
-    return sorted(found)
-
-
-def _driver_of(volume_dir: str) -> str:
-    """The driverName kubelet recorded for a legacy staging directory ('' when unreadable)."""
-    try:
-        with open(os.path.join(volume_dir, VOL_DATA), encoding="utf-8") as handle:
-            doc = json.load(handle)
-    except (OSError, ValueError):
-        return ""
-    return str(doc.get("driverName", "")) if isinstance(doc, dict) else ""
-
-
 def staged_records(kubelet_dir: str, driver_name: str) -> list[stage_record.StageRecord]:
-    """The stage records of this driver on this node that a trim applies to."""
-    found = []
-    for path in staging_paths(kubelet_dir, driver_name):
-        try:
-            record = stage_record.load(path)
-        except CephCSIError as error:
-            log.warning("stage record unreadable; volume not trimmed", extra=fields(path=path, error=error.message))
-            continue
-        if record is not None and not reclaim.why_not(record):
-            found.append(record)
-    return found
+    """The stage records of this driver on this node that a trim applies to (Block volumes are
+    never trimmed on the node)."""
+    return [record for record in stage_records(kubelet_dir, driver_name, block=False, skipped="volume not trimmed")
+            if not reclaim.why_not(record)]
 
 
 class TrimState:

@@ -24,6 +24,7 @@ from cephcsi.node.mappers.fuse_capacity import LoopCapacityFollower
 from cephcsi.node.mappers.select import MapperChoice
 from cephcsi.node.nbd_healer import NbdHealer
 from cephcsi.node.reclaim_loop import NodeTrimPass
+from cephcsi.node.stale_stages import StaleStageSweep
 from cephcsi.node.publisher import Publisher
 from cephcsi.node.requests import PublishRequest, StageRequest
 from cephcsi.node.stager import Stager
@@ -86,6 +87,8 @@ class NodeService:
         self.nbd_healer: NbdHealer | None = None
         # Trims volumes the leader recorded a reclaim-space run for (cephcsi.node.reclaim_loop); set by node_wiring.
         self.reclaimer: NodeTrimPass | None = None
+        # Unstages, at start, what Kubernetes no longer attaches here (cephcsi.node.stale_stages); set by node_wiring.
+        self.stale_sweep: StaleStageSweep | None = None
 
     @contextmanager
     def _locked(self, volume_id: str, path: str) -> Iterator[None]:

@@ -6,9 +6,10 @@ FAILED_PRECONDITION. docs/design/node.md, "Topology".
 """
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cephcsi.errors import FailedPrecondition, Unavailable
 from cephcsi.observability.logging import fields
@@ -47,7 +48,7 @@ class KubeNodeLabels:
         self.kubeconfig = kubeconfig
         self.timeout = timeout
 
-    def _api(self) -> CoreV1Api:
+    def _api(self, purpose: str) -> CoreV1Api:
         from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
 
@@ -60,22 +61,28 @@ class KubeNodeLabels:
         except (ConfigException, OSError, ValueError) as error:
             source = self.kubeconfig or "the in-cluster service account"
             raise Unavailable(
-                f"{_CANNOT}: no usable Kubernetes client config from {source} ({error})"
+                f"{purpose}: no usable Kubernetes client config from {source} ({error})"
             ) from None
         return client.CoreV1Api(client.ApiClient(configuration))
 
     def labels(self, node_name: str) -> Mapping[str, str]:
+        return dict((self.node(node_name).get("metadata") or {}).get("labels") or {})
+
+    def node(self, node_name: str, purpose: str = _CANNOT) -> dict[str, Any]:
+        """The Node object as the API returns it; UNAVAILABLE (saying what `purpose` cannot do)
+        when it cannot be read."""
         from kubernetes.client.exceptions import ApiException
 
-        api = self._api()
+        api = self._api(purpose)
         try:
-            node = api.read_node(node_name, _request_timeout=self.timeout)
+            reply = api.read_node(node_name, _request_timeout=self.timeout, _preload_content=False)
+            node = json.loads(reply.data)
         except ApiException as error:
             raise Unavailable(
-                f"{_CANNOT}: the API server answered {error.status} {error.reason} "
+                f"{purpose}: the API server answered {error.status} {error.reason} "
                 f"for Node {node_name!r} (check that the node exists and the plugin may get nodes)"
             ) from None
         except Exception as error:  # noqa: BLE001 - urllib3/socket errors: the API is unreachable
-            log.warning("reading node labels failed", extra=fields(node=node_name, error=str(error)))
-            raise Unavailable(f"{_CANNOT}: the API server is unreachable ({type(error).__name__})") from None
-        return dict(node.metadata.labels or {})
+            log.warning("reading the node failed", extra=fields(node=node_name, error=str(error)))
+            raise Unavailable(f"{purpose}: the API server is unreachable ({type(error).__name__})") from None
+        return node if isinstance(node, dict) else {}
