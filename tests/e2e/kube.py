@@ -215,6 +215,9 @@ class Kube:
             pod["spec"]["nodeName"] = node
         self.core.create_namespaced_pod(namespace, pod)
 
+    def node(self, name: str) -> dict[str, Any] | None:
+        return self._get(self.core.read_node, name)
+
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(self.core.read_namespaced_pod, name, namespace)
 

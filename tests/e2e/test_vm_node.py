@@ -200,7 +200,8 @@ def crypt_mappings(vm: VmNode) -> dict[str, tuple[int, list[str]]]:
 def vm_data_path(vm: VmNode) -> tuple[list[str], list[str], list[str], list[str], list[str]]:
     """What the VM's kernel still holds of volumes: krbd images, /sys/bus/rbd devices, connected
     nbd devices, staging mounts, device-mapper devices (dm-crypt mappings)."""
-    devices = vm.check("ls /sys/bus/rbd/devices", timeout=60).split()
+    # No rbd module loaded yet (nothing mapped since boot): no /sys/bus/rbd.
+    devices = vm.check("[ ! -d /sys/bus/rbd ] || ls /sys/bus/rbd/devices", timeout=60).split()
     staged = [line for line in vm.check("cat /proc/mounts", timeout=60).splitlines() if f" {STAGING_ROOT}/" in line]
     return krbd_images(vm), devices, nbd_connected(vm), staged, sorted(crypt_mappings(vm))
 

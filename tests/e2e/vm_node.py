@@ -73,10 +73,24 @@ def joined_vm_node(env: E2EEnv, image: VmImage, namespaces: Callable[[], list[st
         if node is not None:
             release_node(env, node.name, namespaces())
             node.stop()
+            vm = node.vm  # a test may have power-cycled it
         if vm is not None:
             vm.stop()
         network.remove_bridge()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def power_cycle(node: VmKubelet) -> float:
+    """Boot a powered-off node's VM again, as the same node (its index: address and hostname),
+    without joining it yet (`node.start()` does); the boot's seconds. Its disks start from
+    their images (`snapshot=on`): a real node keeps /var/lib/kubelet over a reboot, this one
+    comes back as if reinstalled, and what memory held (mappings, page cache) is gone on both."""
+    old = node.vm
+    assert not old.running(), "power the node off first (VmNode.power_off_hard)"
+    vm = VmNode(old.image, old.index, old.workdir, old.repo, memory_mb=old.memory_mb, disks=old.disks)
+    vm.start()
+    node.replace_vm(vm)
+    return vm.boot_seconds
 
 
 def release_node(env: E2EEnv, node: str, namespaces: list[str]) -> None:

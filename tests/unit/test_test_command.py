@@ -45,12 +45,13 @@ def test_main_and_vm_split_the_pacific_suite_between_them() -> None:
     main, vm = (selected(argv) for argv in sessions(CEPHCSI_TEST_RELEASES="")[:2])
     assert main and vm and not main & vm
     assert all(node.startswith("tests/vm/") for node in vm)
-    assert not any(node.startswith("tests/e2e/test_vm_node.py") for node in main)  # the long tier's
+    assert not any(node.startswith(("tests/e2e/test_vm_node.py", "tests/e2e/test_vm_node_loss.py"))
+                   for node in main)  # the long tier's
     assert any(node.startswith("tests/vm/test_harness.py") for node in main)
     assert main | vm == selected([".venv/bin/python", "-m", "pytest", "-m", "not long"])
 
 
-VM_MODULES = ["tests/vm", "tests/e2e/test_vm_node.py"]
+VM_MODULES = ["tests/vm", "tests/e2e/test_vm_node.py", "tests/e2e/test_vm_node_loss.py"]
 
 
 def selected(argv: list[str]) -> set[str]:

@@ -60,6 +60,12 @@ class VmKubelet:
     def name(self) -> str:
         return self.vm.hostname
 
+    def replace_vm(self, vm: VmNode) -> None:
+        """The same node after its VM was booted again (same index: same address and hostname);
+        `start` then joins it again."""
+        self.vm = vm
+        self.__post_init__()
+
     def start(self, timeout: float = 300) -> None:
         """Mount the disk, set up the network, start containerd and the kubelet, wait until the
         Node is Ready."""

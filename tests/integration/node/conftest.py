@@ -9,6 +9,7 @@ which deletes the RBD image itself, so `remove_tree` refuses while anything is s
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -193,9 +194,12 @@ def expect_code(code: grpc.StatusCode, call: Callable[..., object], *args: objec
     return str(error.details())
 
 
-@pytest.fixture(scope="module")
-def node_env(ceph_cluster: CephTestCluster) -> Iterator[NodeEnv]:
-    root = tempfile.mkdtemp(prefix="nd-", dir="/tmp")
+@contextlib.contextmanager
+def running_node_env(ceph_cluster: CephTestCluster, node_id: str = "test-node", prefix: str = "nd-",
+                     extra_args: tuple[str, ...] = ()) -> Iterator[NodeEnv]:
+    """A node plugin under a fresh short /tmp folder, stopped and everything it left released
+    and removed afterwards."""
+    root = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     kubelet = os.path.join(root, "kubelet")
     state = os.path.join(root, "state")
     os.makedirs(kubelet)
@@ -203,7 +207,8 @@ def node_env(ceph_cluster: CephTestCluster) -> Iterator[NodeEnv]:
     driver = DriverProcess(
         config, mode="node",
         # A short mount timeout keeps the wrong-key test quick; rbd-fuse connects in ~50 ms here.
-        args=["--nodeid=test-node", f"--kubelet-dir={kubelet}", f"--state-dir={state}", "--client-mount-timeout=4s"],
+        args=[f"--nodeid={node_id}", f"--kubelet-dir={kubelet}", f"--state-dir={state}", "--client-mount-timeout=4s",
+              *extra_args],
         workdir=os.path.join(root, "drv"),
     )
     os.makedirs(driver.workdir, exist_ok=True)
@@ -217,6 +222,12 @@ def node_env(ceph_cluster: CephTestCluster) -> Iterator[NodeEnv]:
         if os.environ.get("KEEP_NODE_LOGS"):
             print(driver.log())
         remove_tree(root)
+
+
+@pytest.fixture(scope="module")
+def node_env(ceph_cluster: CephTestCluster) -> Iterator[NodeEnv]:
+    with running_node_env(ceph_cluster) as env:
+        yield env
 
 
 @pytest.fixture

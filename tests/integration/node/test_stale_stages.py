@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -21,8 +20,7 @@ from cephcsi.node.stage_record import RECORD_NAME
 from cephcsi.node.stale_stages import unique_name
 from tests.ceph.fixtures import CephTestCluster
 from tests.controlplane.cluster import ControlPlane
-from tests.integration.driver import DriverProcess
-from tests.integration.node.conftest import NodeEnv, Volume, assert_no_leftovers, mount_cap, release_everything, remove_tree
+from tests.integration.node.conftest import NodeEnv, Volume, assert_no_leftovers, mount_cap, running_node_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.ceph, pytest.mark.kube]
 
@@ -44,24 +42,9 @@ def node_name(control_plane: ControlPlane) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def node_env(ceph_cluster: CephTestCluster, control_plane: ControlPlane, node_name: str) -> Iterator[NodeEnv]:
     """This module's node plugin: as the other node tests', with an API to read its Node from."""
-    root = tempfile.mkdtemp(prefix="nds-", dir="/tmp")
-    kubelet, state = os.path.join(root, "kubelet"), os.path.join(root, "state")
-    os.makedirs(kubelet)
-    config = ceph_cluster.write_config(os.path.join(root, "config.json"))
-    driver = DriverProcess(config, mode="node", workdir=os.path.join(root, "drv"), args=[
-        f"--nodeid={node_name}", f"--kubelet-dir={kubelet}", f"--state-dir={state}",
-        f"--kubeconfig={control_plane.kubeconfig}", "--reclaimspace-poll-interval=0"])
-    os.makedirs(driver.workdir, exist_ok=True)
-    env = NodeEnv(root, ceph_cluster, driver, kubelet, state)
-    try:
-        driver.start()
+    with running_node_env(ceph_cluster, node_name, "nds-", (
+            f"--kubeconfig={control_plane.kubeconfig}", "--reclaimspace-poll-interval=0")) as env:
         yield env
-    finally:
-        driver.stop()
-        release_everything(root)
-        if os.environ.get("KEEP_NODE_LOGS"):
-            print(driver.log())
-        remove_tree(root)
 
 
 def staging_path(env: NodeEnv, volume: Volume) -> str:
